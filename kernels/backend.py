@@ -1,0 +1,114 @@
+"""Kernel backend chosen once (``--kernel triton | torch``) and passed down explicitly."""
+
+import abc
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from kernels import kv_ops, ngram_match as ngram_mod, tree_attention as attn_mod
+
+
+@dataclass
+class StepMeta:
+    """Per-step attention metadata, shared by all layers (layout: ``kernels/__init__``)."""
+
+    cu_seqlens_q: torch.Tensor  # (B + 1,) int32
+    positions: torch.Tensor  # (T_total,) int32
+    block_tables: torch.Tensor  # (B, max_blocks) int32
+    context_lens: torch.Tensor  # (B,) int32
+    slot_mapping: torch.Tensor  # (T_total,) int64
+    max_seqlen_q: int
+    mask: Optional[torch.Tensor] = None  # (T_total, n_words) int32, None = every sequence causal
+    causal: Optional[torch.Tensor] = None  # (B,) bool
+
+
+class Backend(abc.ABC):
+    """The four kernel entry points the model and the decoders use."""
+
+    name = "base"
+
+    @abc.abstractmethod
+    def attention(self, q, k_cache, v_cache, meta: StepMeta, scale: float, sliding_window: Optional[int]):
+        """See the matching function in kernels/."""
+
+    @abc.abstractmethod
+    def kv_store(self, k_cache, v_cache, k, v, slot_mapping) -> None:
+        """See the matching function in kernels/."""
+
+    @abc.abstractmethod
+    def kv_compact(self, k_cache, v_cache, block_tables, context_lens, accept_idx, accept_counts) -> None:
+        """See the matching function in kernels/."""
+
+    @abc.abstractmethod
+    def ngram_match(self, tokens, cu_seqlens, **kw):
+        """See the matching function in kernels/."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class TorchBackend(Backend):
+    """Pure-torch references: readable, any device, the ground truth for tests."""
+
+    name = "torch"
+
+    def attention(self, q, k_cache, v_cache, meta, scale, sliding_window):
+        return attn_mod.tree_attention_ref(
+            q, k_cache, v_cache, meta.cu_seqlens_q, meta.positions, meta.block_tables, meta.context_lens,
+            mask=meta.mask, causal=meta.causal, scale=scale, sliding_window=sliding_window)
+
+    def kv_store(self, k_cache, v_cache, k, v, slot_mapping):
+        kv_ops.kv_store_ref(k_cache, v_cache, k, v, slot_mapping)
+
+    def kv_compact(self, k_cache, v_cache, block_tables, context_lens, accept_idx, accept_counts):
+        kv_ops.kv_compact_ref(k_cache, v_cache, block_tables, context_lens, accept_idx, accept_counts)
+
+    def ngram_match(self, tokens, cu_seqlens, **kw):
+        return ngram_mod.ngram_match_ref(tokens, cu_seqlens, **kw)
+
+
+class TritonBackend(Backend):
+    """Triton kernels. On a machine without a GPU they run under Triton's interpreter, which
+    must be switched on (TRITON_INTERPRET=1) before ``kernels`` is first imported."""
+
+    name = "triton"
+
+    def attention(self, q, k_cache, v_cache, meta, scale, sliding_window):
+        return attn_mod.tree_attention(
+            q, k_cache, v_cache, meta.cu_seqlens_q, meta.positions, meta.block_tables, meta.context_lens,
+            mask=meta.mask, causal=meta.causal, scale=scale, sliding_window=sliding_window,
+            max_seqlen_q=meta.max_seqlen_q)
+
+    def kv_store(self, k_cache, v_cache, k, v, slot_mapping):
+        kv_ops.kv_store(k_cache, v_cache, k, v, slot_mapping)
+
+    def kv_compact(self, k_cache, v_cache, block_tables, context_lens, accept_idx, accept_counts):
+        kv_ops.kv_compact(k_cache, v_cache, block_tables, context_lens, accept_idx, accept_counts)
+
+    def ngram_match(self, tokens, cu_seqlens, **kw):
+        return ngram_mod.ngram_match(tokens, cu_seqlens, **kw)
+
+
+def triton_interpreted() -> bool:
+    """Whether Triton kernels were decorated in interpreter mode (decided at import time)."""
+    try:
+        from triton import knobs
+        return bool(knobs.runtime.interpret)
+    except ImportError:  # older Triton
+        import os
+        return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def get_backend(name: str, device: torch.device | str = "cpu") -> Backend:
+    """``name`` in {"torch", "triton"}. Triton on a CPU device needs the interpreter."""
+    device = torch.device(device)
+    if name == "torch":
+        return TorchBackend()
+    if name == "triton":
+        if device.type != "cuda" and not triton_interpreted():
+            raise ValueError(
+                f"kernel backend 'triton' on device '{device}' needs Triton's interpreter: set "
+                "TRITON_INTERPRET=1 in the environment before importing this package (or use --kernel torch)")
+        return TritonBackend()
+    raise ValueError(f"kernel backend must be 'torch' or 'triton', got {name!r}")

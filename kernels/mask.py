@@ -1,0 +1,33 @@
+"""Packing of per-step visibility masks into int32 bit words (layout: see kernels/__init__)."""
+
+import torch
+
+BITS = 32
+
+
+def pack_mask(mask: torch.Tensor) -> torch.Tensor:
+    """(T, S) bool -> (T, ceil(S / 32)) int32; bit s % 32 of word s // 32 is mask[:, s]."""
+    if mask.dim() != 2 or mask.dtype != torch.bool:
+        raise ValueError(f"mask must be a 2-D bool tensor, got {tuple(mask.shape)} {mask.dtype}")
+    T, S = mask.shape
+    n_words = max(1, -(-S // BITS))
+    padded = torch.zeros(T, n_words * BITS, dtype=torch.int64, device=mask.device)
+    padded[:, :S] = mask.to(torch.int64)
+    weights = torch.bitwise_left_shift(
+        torch.ones(BITS, dtype=torch.int64, device=mask.device),
+        torch.arange(BITS, dtype=torch.int64, device=mask.device),
+    )
+    words = (padded.view(T, n_words, BITS) * weights).sum(-1)  # (T, n_words) in [0, 2^32)
+    words = words - ((words >> 31) & 1) * (1 << 32)  # two's complement into int32 range
+    return words.to(torch.int32)
+
+
+def unpack_mask(words: torch.Tensor, size: int) -> torch.Tensor:
+    """(T, n_words) int32 -> (T, size) bool; inverse of ``pack_mask``."""
+    if words.dim() != 2 or words.dtype != torch.int32:
+        raise ValueError(f"mask words must be a 2-D int32 tensor, got {tuple(words.shape)} {words.dtype}")
+    if size > words.shape[1] * BITS:
+        raise ValueError(f"size={size} exceeds the {words.shape[1] * BITS} bits held by the mask words")
+    idx = torch.arange(size, device=words.device)
+    w = words[:, idx // BITS].to(torch.int64)
+    return ((w >> (idx % BITS)) & 1).bool()

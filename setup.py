@@ -1,0 +1,30 @@
+from setuptools import setup
+
+setup(
+    name="specdec",
+    version="0.1.0",
+    description="Draft-free speculative decoding (prompt lookup, Jacobi, lookahead) with Triton kernels "
+    "over a paged KV cache",
+    python_requires=">=3.10",
+    packages=["kernels", "models", "decoding", "bench"],
+    package_data={"bench": ["data/*.jsonl", "data/*.md", "data/*.txt"]},
+    install_requires=[
+        # CPU machines: install torch==2.13.0 first (a local CPU build); the range below then
+        # installs nothing more. GPU machines keep their own torch.
+        "torch>=2.4",
+        "triton>=3.0",
+        "transformers>=4.46",
+        "tokenizers",
+        "jinja2",
+        "einops",
+        "gguf>=0.10",
+        "safetensors",
+        "numpy",
+        "tqdm",
+        "matplotlib",
+    ],
+    extras_require={
+        "dev": ["pytest", "hypothesis"],
+        "flash": ["flash-attn"],
+    },
+)
