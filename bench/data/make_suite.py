@@ -580,7 +580,7 @@ def edit_candidates(src: str, tree: ast.Module, kind: str, salt: str) -> list[di
                         "target": f"{qual}:{name}",
                         "new_name": new,
                         "instruction": f"In the {fn_label(qual)}, rename the local variable `{name}` to `{new}` "
-                        "(every use of it inside that function). Change nothing else.",
+                        f"(every use of it inside that {'method' if is_method else 'function'}). Change nothing else.",
                         "reference": re.sub(rf"(?<!\w){re.escape(name)}(?!\w)", new, src),
                     }
                 )
@@ -604,12 +604,14 @@ def edit_candidates(src: str, tree: ast.Module, kind: str, salt: str) -> list[di
         for qual, fn, is_method in functions(tree):
             if ast.get_docstring(fn) is not None or fn.name.startswith("__") or len(fn.body) < 2:
                 continue
+            says = "what it does, what its parameters are and what it returns"
+            if not real_params(fn, is_method):
+                says = "what it does and what it returns"
             cands.append(
                 {
                     "kind": kind,
                     "target": qual,
-                    "instruction": f"Add a docstring to the {fn_label(qual)} that says what it does, what its "
-                    "parameters are and what it returns. Change nothing else.",
+                    "instruction": f"Add a docstring to the {fn_label(qual)} that says {says}. Change nothing else.",
                 }
             )
     elif kind == "change_constant":
@@ -697,6 +699,8 @@ def stdlib_candidates(counter: TokenCounter) -> list[tuple[str, str, ast.Module]
             continue
         if not src.strip() or "\t" in src or "\r" in src:
             continue
+        if "copyright" in src.lower():
+            continue  # files with their own copyright notice: keep the licensing simple (PSF only)
         if not src.endswith("\n"):
             src += "\n"
         if len(functions(tree)) < 2:
