@@ -1,7 +1,47 @@
 import os
 
+import pytest
 import torch
 
 # Triton decides at import time whether kernels run interpreted; without a GPU they must.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Real prompts for the default-model tests (chat, code, summarization, QA).
+REAL_PROMPTS = [
+    "What is the capital of France? Answer in one sentence.",
+    "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
+    "Summarize in two sentences: The Amazon rainforest covers much of the Amazon basin of South America. "
+    "It spans nine nations and holds the largest variety of species on Earth. Deforestation, driven by "
+    "cattle ranching and farming, threatens it, and scientists warn that it may turn from a carbon sink "
+    "into a carbon source.",
+    "Read the text and answer the question. Text: The Eiffel Tower was built for the 1889 World's Fair "
+    "in Paris and was designed by the company of Gustave Eiffel. Question: For which event was the Eiffel "
+    "Tower built?",
+]
+
+
+@pytest.fixture(scope="session")
+def smol():
+    """The embedded default model with the torch backend (fp32, CPU) and its tokenizer."""
+    from models.loader import load_model
+
+    return load_model()
+
+
+@pytest.fixture(scope="session")
+def smol_prompts(smol):
+    _, tok = smol
+    return [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                    tokenize=True, return_dict=False) for q in REAL_PROMPTS]
+
+
+@pytest.fixture(scope="session")
+def hf_smol():
+    """transformers' own GGUF load of the default model (its reference implementation)."""
+    from transformers import AutoModelForCausalLM
+
+    from models.loader import default_model_path
+
+    path = default_model_path()
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()

@@ -1,0 +1,93 @@
+"""Bad input gets a clear error naming the argument and the limit."""
+
+import json
+import shutil
+
+import pytest
+
+from decoding.generate import generate
+from decoding.sampling import SamplingParams
+from helpers import ours_from_hf, tiny_hf_model
+from models.loader import default_model_path, load_model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return ours_from_hf(tiny_hf_model("llama")).model
+
+
+def test_empty_prompt(tiny):
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        generate(tiny, [[1, 2], []], max_new_tokens=4)
+
+
+def test_prompt_longer_than_context(tiny):
+    with pytest.raises(ValueError, match="context is 256"):
+        generate(tiny, [[1] * 300], max_new_tokens=4)
+    with pytest.raises(ValueError, match="max_new_tokens=60"):
+        generate(tiny, [[1] * 200], max_new_tokens=60)
+
+
+def test_negative_max_new_tokens(tiny):
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
+        generate(tiny, [[1, 2]], max_new_tokens=-1)
+    assert generate(tiny, [[1, 2]], max_new_tokens=0)[0].output_ids == []
+
+
+def test_token_out_of_vocab(tiny):
+    with pytest.raises(ValueError, match=r"\[0, 97\)"):
+        generate(tiny, [[1, 97]], max_new_tokens=2)
+
+
+def test_bad_sampling_params():
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(temperature=1, top_p=0)
+    with pytest.raises(ValueError, match="top_k"):
+        SamplingParams(temperature=1, top_k=-2)
+
+
+def test_unknown_model_path(tmp_path):
+    with pytest.raises(ValueError, match="unknown model"):
+        load_model(str(tmp_path / "nope"))
+    with pytest.raises(ValueError, match="no config.json"):
+        load_model(str(tmp_path))
+
+
+def test_truncated_gguf(tmp_path):
+    src = default_model_path()
+    bad = tmp_path / "cut.gguf"
+    with open(src, "rb") as f, open(bad, "wb") as g:
+        g.write(f.read(20_000_000))  # header and metadata intact, tensor data cut
+    with pytest.raises(ValueError, match="truncated"):
+        load_model(str(bad), cache_dir=tmp_path / "cache")
+    bad.write_bytes(b"GGUF" + b"\0" * 10)
+    with pytest.raises(ValueError, match="cannot read GGUF"):
+        load_model(str(bad), cache_dir=tmp_path / "cache")
+
+
+def test_unsupported_architecture(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    with pytest.raises(ValueError, match="unsupported architecture"):
+        load_model(str(tmp_path))
+
+
+def test_hf_folder_roundtrip(tmp_path):
+    """A Hugging Face safetensors folder (sharded) loads into our model with its tokenizer."""
+    import torch
+    from transformers import AutoTokenizer
+
+    hf = tiny_hf_model("qwen2")
+    hf.save_pretrained(str(tmp_path), max_shard_size="20KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    tok_dir = default_model_path()
+    AutoTokenizer.from_pretrained(str(tok_dir.parent), gguf_file=tok_dir.name).save_pretrained(str(tmp_path))
+    model, tok = load_model(str(tmp_path))
+    ids = [3, 5, 7, 11]
+    ours = generate(model, [ids], max_new_tokens=5, eos_token_ids=())[0].output_ids
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([ids]), max_new_tokens=5, do_sample=False, eos_token_id=None,
+                          min_new_tokens=5)[0, 4:].tolist()
+    assert ours == ref and tok.chat_template
+    shutil.rmtree(tmp_path)

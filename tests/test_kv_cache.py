@@ -1,0 +1,87 @@
+"""Paged KV cache bookkeeping; pool exhaustion leaves every other sequence intact."""
+
+import pytest
+import torch
+
+from helpers import ours_from_hf, tiny_hf_model
+from models.config import ModelConfig
+from models.kv_cache import KVCacheFull, PagedKVCache
+from models.runner import StepInput
+
+CFG = ModelConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_layers=2, num_heads=2, num_kv_heads=1)
+
+
+def test_reserve_commit_truncate_free():
+    c = PagedKVCache(CFG, num_blocks=6, block_size=4)
+    c.add(0)
+    c.add(1)
+    c.reserve({0: 5, 1: 3})
+    assert len(c.blocks[0]) == 2 and len(c.blocks[1]) == 1 and len(c.free_blocks) == 3
+    c.commit(0, 5)
+    assert c.lengths[0] == 5
+    assert c.slots(0, 3, 3) == [c.blocks[0][0] * 4 + 3, c.blocks[0][1] * 4, c.blocks[0][1] * 4 + 1]
+    c.truncate(0, 2)
+    assert c.lengths[0] == 2 and len(c.blocks[0]) == 1 and len(c.free_blocks) == 4
+    table = c.block_table([0, 1])
+    assert table.dtype == torch.int32 and table.shape == (2, 1)
+    c.free(0)
+    assert len(c.free_blocks) == 5 and 0 not in c.blocks
+    with pytest.raises(ValueError, match="commit"):
+        c.commit(1, 5)  # more than reserved
+    with pytest.raises(ValueError, match="truncate"):
+        c.truncate(1, 1)  # longer than committed (0)
+    with pytest.raises(ValueError, match="already"):
+        c.add(1)
+    with pytest.raises(ValueError, match="num_blocks"):
+        PagedKVCache(CFG, num_blocks=0)
+
+
+def test_exhaustion_is_all_or_nothing():
+    c = PagedKVCache(CFG, num_blocks=3, block_size=4)
+    for s in (0, 1):
+        c.add(s)
+    c.reserve({0: 4})
+    before = ({s: list(b) for s, b in c.blocks.items()}, list(c.free_blocks))
+    with pytest.raises(KVCacheFull, match="2 of 3 are free"):
+        c.reserve({0: 8, 1: 8})  # needs 1 + 2 blocks, 2 free
+    assert ({s: list(b) for s, b in c.blocks.items()}, list(c.free_blocks)) == before
+
+
+def test_rejected_step_leaves_other_sequences_intact():
+    hf = tiny_hf_model("llama")
+    runner = ours_from_hf(hf, cache_tokens=48, block_size=4)  # 12 blocks
+    seqs = {0: list(range(1, 14)), 1: list(range(20, 29))}
+    for s, ids in seqs.items():
+        runner.add_sequence(s)
+        runner.step([StepInput(s, ids)])
+        runner.commit({s: list(range(len(ids)))})
+    k_before = runner.cache.k.clone()
+    blocks_before = {s: list(b) for s, b in runner.cache.blocks.items()}
+    with pytest.raises(KVCacheFull):
+        runner.step([StepInput(1, [5]), StepInput(0, list(range(40, 80)))])  # 0 wants 40 more slots
+    assert torch.equal(runner.cache.k, k_before)
+    assert {s: list(b) for s, b in runner.cache.blocks.items()} == blocks_before
+    # both sequences continue exactly as if nothing happened
+    out = runner.step([StepInput(0, [7]), StepInput(1, [8])])
+    for (s, ids), o, t in zip(seqs.items(), out, (7, 8)):
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids + [t]])).logits[0, -1]
+        assert (o[0] - ref).abs().max() < 1e-4
+
+
+def test_step_rejects_bad_input_without_side_effects():
+    hf = tiny_hf_model("llama")
+    runner = ours_from_hf(hf, cache_tokens=64, block_size=4)
+    runner.add_sequence(0)
+    free_before = list(runner.cache.free_blocks)
+    with pytest.raises(ValueError, match="at least one token"):
+        runner.step([StepInput(0, [])])
+    with pytest.raises(ValueError, match="token ids"):
+        runner.step([StepInput(0, [1, 500])])
+    with pytest.raises(ValueError, match="context"):
+        runner.step([StepInput(0, [1, 2], depths=[0, 300])])  # max_position_embeddings = 256
+    with pytest.raises(ValueError, match="mask"):
+        runner.step([StepInput(0, [1, 2], mask=torch.ones(3, 3, dtype=torch.bool))])
+    with pytest.raises(KeyError):
+        runner.step([StepInput(9, [1])])
+    assert runner.cache.free_blocks == free_before and runner.cache.lengths[0] == 0
