@@ -62,8 +62,8 @@ def kv_compact_ref(
 
 @triton.jit
 def _kv_store_kernel(
-    k_ptr,  # (num_layers, T_total, n_kv_heads, head_dim); num_layers = 1 for 4-D caches
-    v_ptr,  # (num_layers, T_total, n_kv_heads, head_dim)
+    k_ptr,  # (num_layers, T_total, n_kv_heads, head_dim), cache dtype; num_layers = 1 for 4-D caches
+    v_ptr,  # (num_layers, T_total, n_kv_heads, head_dim), cache dtype
     k_cache_ptr,  # (num_layers, num_blocks, block_size, n_kv_heads, head_dim)
     v_cache_ptr,  # (num_layers, num_blocks, block_size, n_kv_heads, head_dim)
     slot_mapping_ptr,  # (T_total,) int32/int64, -1 = skip
@@ -86,9 +86,9 @@ def _kv_store_kernel(
     k = tl.load(k_ptr + layer * stride_kl + t * stride_kt + h * stride_kh + d, mask=ok)
     v = tl.load(v_ptr + layer * stride_vl + t * stride_vt + h * stride_vh + d, mask=ok)
     tl.store(k_cache_ptr + layer * stride_kcl + blk * stride_kcb + off * stride_kcs + h * stride_kch + d,
-             k.to(k_cache_ptr.dtype.element_ty), mask=ok)
+             k, mask=ok)
     tl.store(v_cache_ptr + layer * stride_vcl + blk * stride_vcb + off * stride_vcs + h * stride_vch + d,
-             v.to(v_cache_ptr.dtype.element_ty), mask=ok)
+             v, mask=ok)
 
 
 @triton.jit
@@ -178,7 +178,7 @@ def kv_store(
     slot_mapping: torch.Tensor,  # (T_total,) int64/int32; slot = block * block_size + offset, -1 = skip
 ) -> None:
     """Triton version of ``kv_store_ref``. Grid: (T_total, num_layers, row chunks).
-    k / v may be strided views (stride(-1) == 1); they are cast to the cache dtype.
+    k / v may be strided views (stride(-1) == 1); another float dtype is cast to the cache's.
     Slots must be < num_blocks * block_size (not checked: that would need a host sync)."""
     _check_caches(k_cache, v_cache)
     dev = k_cache.device
@@ -203,6 +203,10 @@ def kv_store(
     T_total = k.shape[-3]
     if slot_mapping.numel() != T_total:
         raise ValueError(f"slot_mapping must have T_total = {T_total} entries, got {slot_mapping.numel()}")
+    if k.dtype != k_cache.dtype:
+        # Rare (the model stores in its own dtype); torch's cast rounds exactly as the reference's,
+        # while Triton's interpreter truncates fp32 -> bf16.
+        k, v = k.to(k_cache.dtype), v.to(k_cache.dtype)
     kc, vc = _as_5d(k_cache), _as_5d(v_cache)
     k4, v4 = (k, v) if want == 4 else (k.unsqueeze(0), v.unsqueeze(0))
     num_layers, _, block_size, n_kv, head_dim = kc.shape
