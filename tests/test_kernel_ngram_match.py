@@ -1,0 +1,160 @@
+"""ngram_match (Triton) and ngram_match_ref: exact tables, the prompt-lookup seed, and a
+property test of kernel == reference over random ragged batches."""
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from kernels.ngram_match import ngram_match, ngram_match_ref
+
+IMPLS = [ngram_match_ref, ngram_match]
+
+
+def run(impl, histories, dtype=torch.int64, **kw):
+    tokens = torch.tensor([t for h in histories for t in h], dtype=dtype)
+    cu = torch.tensor([0] + [len(h) for h in histories]).cumsum(0).to(torch.int32)
+    cands, lens = impl(tokens, cu, **kw)
+    assert cands.dtype == dtype and lens.dtype == torch.int32
+    assert cands.shape == (len(histories), kw.get("num_candidates", 1), kw["k"])
+    # The -1 padding is part of the contract: check it, then return plain lists.
+    for b in range(len(histories)):
+        for c in range(cands.shape[1]):
+            assert (cands[b, c, lens[b, c]:] == -1).all()
+    return [[cands[b, c, :lens[b, c]].tolist() for c in range(cands.shape[1])] for b in range(len(histories))]
+
+
+# (history, kwargs, expected candidates)
+TABLE = [
+    ([1, 2, 3, 4, 1, 2, 3], dict(min_n=1, max_n=3, k=3), [[4, 1, 2]]),
+    ([], dict(min_n=1, max_n=3, k=3), [[]]),
+    ([7], dict(min_n=1, max_n=3, k=3), [[]]),
+    ([1, 2, 3, 4], dict(min_n=1, max_n=3, k=2), [[]]),  # no match
+    ([5, 6, 7, 8, 5, 6], dict(min_n=2, max_n=2, k=2), [[7, 8]]),  # n-gram at the very start
+    ([1, 2, 1, 2], dict(min_n=1, max_n=2, k=3), [[1, 2]]),  # continuation cut at the end
+    ([1, 2, 1, 2], dict(min_n=1, max_n=2, k=3, partial=False), [[]]),  # the seed rule rejects it
+    ([7, 7, 7, 7], dict(min_n=1, max_n=3, k=3), [[7]]),  # overlaps the tail itself
+    ([1, 2, 3, 1, 2], dict(min_n=1, max_n=2, k=3, partial=False), [[3, 1, 2]]),
+    ([1, 9, 1, 8, 1, 7, 1], dict(min_n=1, max_n=1, k=1), [[9]]),  # many matches: first
+    ([1, 9, 1, 8, 1, 7, 1], dict(min_n=1, max_n=1, k=1, prefer="recent"), [[7]]),  # most recent
+    ([1, 9, 1, 8, 1, 9, 1, 7, 1], dict(min_n=1, max_n=1, k=1, num_candidates=3), [[9], [8], [7]]),  # dup 9 skipped
+    ([1, 9, 1, 8, 1, 9, 1, 7, 1], dict(min_n=1, max_n=1, k=1, num_candidates=3, prefer="recent"), [[7], [9], [8]]),
+    ([1, 9, 1, 9, 1], dict(min_n=1, max_n=1, k=1, num_candidates=3), [[9], [], []]),  # fewer than asked
+    # Longest n first, then shorter n adds new continuations.
+    ([3, 7, 4, 2, 3, 9, 5, 2, 3, 8, 1, 2, 3], dict(min_n=1, max_n=3, k=1, num_candidates=3), [[9], [8], [7]]),
+    # A cut continuation [5, 1] and a full one [5, 6] are distinct.
+    ([1, 5, 6, 1, 5, 1], dict(min_n=1, max_n=1, k=2, num_candidates=2, prefer="recent"), [[5, 1], [5, 6]]),
+    # min_n = 2 ignores the single-token match.
+    ([4, 5, 9, 6, 5], dict(min_n=2, max_n=3, k=2), [[]]),
+    ([4, 5, 9, 6, 5], dict(min_n=1, max_n=3, k=2), [[9, 6]]),
+]
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=["ref", "triton"])
+@pytest.mark.parametrize("history, kw, expected", TABLE)
+def test_exact_table(impl, history, kw, expected):
+    assert run(impl, [history], **kw) == [expected]
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_table_as_one_ragged_batch(dtype):
+    """Every table row with the same arguments, batched, gives the same rows (kernel only)."""
+    kw = dict(min_n=1, max_n=3, k=3)
+    rows = [h for h, k_, _ in TABLE if k_ == kw]
+    expected = [e for _, k_, e in TABLE if k_ == kw]
+    assert run(ngram_match, rows, dtype=dtype, **kw) == expected
+
+
+def find_candidate_pred_tokens(input_ids, max_ngram_size=3, num_pred_tokens=10):
+    """The prompt-lookup seed function, verbatim."""
+    input_length = input_ids.size(1)
+    for ngram_size in range(max_ngram_size, 0, -1):
+        ngram = input_ids[0, -ngram_size:].tolist()
+        windows = input_ids.unfold(dimension=1, size=ngram_size, step=1)
+        ngram_tensor = torch.tensor(ngram, device=input_ids.device).unsqueeze(0)
+        matches = (windows == ngram_tensor).all(dim=2)
+        match_indices = matches.nonzero(as_tuple=True)[1]
+        for idx in match_indices:
+            start_idx = idx + ngram_size
+            end_idx = start_idx + num_pred_tokens
+            if end_idx <= input_length and start_idx < input_length - ngram_size:
+                return input_ids[0, start_idx:end_idx]
+    return torch.tensor([], dtype=torch.long, device=input_ids.device)
+
+
+def test_ref_with_seed_rule_reproduces_seed_function():
+    """num_candidates=1, prefer='first', partial=False is the seed exactly. The seed needs
+    L >= max_ngram_size (unfold fails otherwise); n = L never matches in either (only the
+    tail's own window), so the reference's n <= L - 1 bound changes nothing."""
+    g = torch.Generator().manual_seed(0)
+    checked_nonempty = 0
+    for trial in range(400):
+        max_n = int(torch.randint(1, 5, (1,), generator=g))
+        k = int(torch.randint(1, 8, (1,), generator=g))
+        L = int(torch.randint(max_n, 40, (1,), generator=g))
+        vocab = int(torch.randint(2, 6, (1,), generator=g))
+        h = torch.randint(0, vocab, (1, L), generator=g)
+        seed = find_candidate_pred_tokens(h, max_ngram_size=max_n, num_pred_tokens=k).tolist()
+        cands, lens = ngram_match_ref(h[0], torch.tensor([0, L], dtype=torch.int32), min_n=1, max_n=max_n,
+                                      k=k, num_candidates=1, prefer="first", partial=False)
+        assert cands[0, 0, :lens[0, 0]].tolist() == seed, (h.tolist(), max_n, k)
+        checked_nonempty += bool(seed)
+    assert checked_nonempty > 50  # the comparison is not vacuous
+
+
+def test_kernel_with_seed_rule_reproduces_seed_function():
+    g = torch.Generator().manual_seed(1)
+    histories, seeds = [], []
+    for _ in range(24):
+        L = int(torch.randint(3, 60, (1,), generator=g))
+        h = torch.randint(0, 4, (1, L), generator=g)
+        histories.append(h[0].tolist())
+        seeds.append([find_candidate_pred_tokens(h, max_ngram_size=3, num_pred_tokens=5).tolist()])
+    assert run(ngram_match, histories, min_n=1, max_n=3, k=5, partial=False) == seeds
+
+
+@st.composite
+def ragged_batch(draw):
+    B = draw(st.integers(1, 5))
+    vocab = draw(st.integers(1, 4))  # small alphabet: matches everywhere
+    histories = [draw(st.lists(st.integers(0, vocab - 1), max_size=48)) for _ in range(B)]
+    min_n = draw(st.integers(1, 3))
+    kw = dict(min_n=min_n, max_n=draw(st.integers(min_n, 4)), k=draw(st.integers(1, 7)),
+              num_candidates=draw(st.integers(1, 4)), prefer=draw(st.sampled_from(["first", "recent"])),
+              partial=draw(st.booleans()))
+    return histories, kw, draw(st.sampled_from([torch.int32, torch.int64]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(ragged_batch())
+def test_kernel_equals_ref_on_random_batches(case):
+    histories, kw, dtype = case
+    assert run(ngram_match, histories, dtype=dtype, **kw) == run(ngram_match_ref, histories, dtype=dtype, **kw)
+
+
+def test_long_repetitive_history_spans_blocks():
+    """Matches far apart (several kernel blocks) and thousands of duplicate continuations."""
+    h = [1, 2, 3] * 300 + [4, 5] + [1, 2, 3] * 200 + [9, 1, 2, 3]
+    for kw in (dict(num_candidates=3, prefer="first"), dict(num_candidates=3, prefer="recent"),
+               dict(num_candidates=1, prefer="recent", partial=False)):
+        kw.update(min_n=1, max_n=3, k=4)
+        assert run(ngram_match, [h, h[:700]], **kw) == run(ngram_match_ref, [h, h[:700]], **kw)
+
+
+@pytest.mark.parametrize("bad, name", [
+    (dict(tokens=torch.zeros(4, dtype=torch.int16)), "tokens"),
+    (dict(tokens=torch.zeros(2, 2, dtype=torch.int64)), "tokens"),
+    (dict(tokens=torch.zeros(8, dtype=torch.int64)[::2]), "tokens"),
+    (dict(cu_seqlens=torch.tensor([0, 4])), "cu_seqlens"),
+    (dict(cu_seqlens=torch.tensor([0, 4], dtype=torch.int32, device="meta")), "cu_seqlens"),
+    (dict(k=0), "k "),
+    (dict(min_n=0, max_n=2), "min_n"),
+    (dict(min_n=3, max_n=2), "max_n"),
+    (dict(num_candidates=0), "num_candidates"),
+    (dict(prefer="last"), "prefer"),
+])
+def test_bad_inputs_raise(bad, name):
+    args = dict(tokens=torch.arange(4), cu_seqlens=torch.tensor([0, 4], dtype=torch.int32), min_n=1, max_n=2, k=3)
+    args.update(bad)
+    tokens, cu = args.pop("tokens"), args.pop("cu_seqlens")
+    with pytest.raises(ValueError, match=name):
+        ngram_match(tokens, cu, **args)
