@@ -14,6 +14,7 @@ from kernels.mask import unpack_mask
 
 MAX_MASK_WORDS = 32  # step masks cover at most 32 * 32 = 1024 step tokens
 MAX_GROUP = 128  # query heads per KV head that fit in one tile
+MAX_SPLITS = 64  # prefix key ranges per sequence (split-KV decode)
 
 
 def tree_attention_ref(
@@ -129,7 +130,9 @@ def _tree_attention_kernel(
     q_ptr,  # (T_total, n_heads, head_dim)
     k_cache_ptr,  # (num_blocks, block_size, n_kv_heads, head_dim)
     v_cache_ptr,  # (num_blocks, block_size, n_kv_heads, head_dim)
-    out_ptr,  # (T_total, n_heads, head_dim)
+    out_ptr,  # (T_total, n_heads, head_dim); written when NUM_SPLITS == 1
+    o_part_ptr,  # (NUM_SPLITS, T_total, n_heads, head_dim) fp32: per-split normalised outputs
+    lse_part_ptr,  # (NUM_SPLITS, T_total, n_heads) fp32: per-split log2-sum-exp2 of the scores
     cu_seqlens_ptr,  # (B + 1,) int32
     positions_ptr,  # (T_total,) int32
     block_tables_ptr,  # (B, max_blocks) int32
@@ -145,6 +148,9 @@ def _tree_attention_kernel(
     stride_ot, stride_oh,
     stride_bt,
     stride_mt,
+    stride_ps, stride_pt, stride_ph,
+    stride_ls, stride_lt,
+    NUM_SPLITS: tl.constexpr,  # > 1: the prefix is cut into NUM_SPLITS key ranges (flash decoding)
     GROUP: tl.constexpr,  # query heads per KV head
     TOKENS_PER_TILE: tl.constexpr,  # BLOCK_M // GROUP step tokens per tile
     BLOCK_M: tl.constexpr,
@@ -155,7 +161,8 @@ def _tree_attention_kernel(
     UPCAST_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    tile, b, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    tile, b = tl.program_id(0), tl.program_id(1)
+    kv_head, split = tl.program_id(2) // NUM_SPLITS, tl.program_id(2) % NUM_SPLITS
     q_start = tl.load(cu_seqlens_ptr + b)
     T = tl.load(cu_seqlens_ptr + b + 1) - q_start
     t0 = tile * TOKENS_PER_TILE
@@ -182,14 +189,20 @@ def _tree_attention_kernel(
 
     # ---- phase 1: the committed prefix, visible to every step token (window aside) ----
     lo = 0
+    prefix_end = C
+    if NUM_SPLITS > 1:
+        # Few programs (decode, small batch) cannot fill the GPU: each split takes one
+        # BLOCK_N-aligned range of this sequence's prefix, and a second kernel merges them.
+        chunk = tl.cdiv(tl.cdiv(C, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        lo = split * chunk
+        prefix_end = tl.minimum(C, lo + chunk)
     if HAS_WINDOW:
         # Skip prefix tiles that slid out of the window of every row of this tile.
         min_pos = tl.min(tl.where(row_ok, pos_q, 2147483647))
-        lo = tl.maximum(min_pos - sliding_window + 1, 0)
-        lo = (lo // BLOCK_N) * BLOCK_N
-    for start_n in range(lo, C, BLOCK_N):
+        lo = tl.maximum(lo, (tl.maximum(min_pos - sliding_window + 1, 0) // BLOCK_N) * BLOCK_N)
+    for start_n in range(lo, prefix_end, BLOCK_N):
         key_idx = start_n + tl.arange(0, BLOCK_N)
-        key_ok = key_idx < C
+        key_ok = key_idx < prefix_end
         vis = key_ok[None, :] & row_ok[:, None]
         if HAS_WINDOW:
             vis = vis & ((pos_q[:, None] - key_idx[None, :]) < sliding_window)
@@ -210,6 +223,8 @@ def _tree_attention_kernel(
     if is_causal:
         # Causal rows never see keys past the tile's last token: stop at the diagonal.
         hi = tl.minimum(T, t0 + TOKENS_PER_TILE)
+    if NUM_SPLITS > 1:
+        hi = tl.where(split == NUM_SPLITS - 1, hi, 0)  # the step keys belong to the last split
     for s0 in range(0, hi, BLOCK_N):
         s = s0 + tl.arange(0, BLOCK_N)  # (BLOCK_N,) step-relative key index
         key_ok = s < T
@@ -233,8 +248,46 @@ def _tree_attention_kernel(
     # A row that sees no key at all (only possible with an empty mask row and no prefix) gets 0.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
-    o_off = row[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
-    tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=io_ok)
+    if NUM_SPLITS == 1:
+        o_off = row[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=io_ok)
+    else:
+        lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
+        p_off = split * stride_ps + row[:, None] * stride_pt + head[:, None] * stride_ph + offs_d[None, :]
+        tl.store(o_part_ptr + p_off, out, mask=io_ok)
+        tl.store(lse_part_ptr + split * stride_ls + row * stride_lt + head, lse, mask=row_ok)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    o_part_ptr,  # (NUM_SPLITS, T_total, n_heads, head_dim) fp32
+    lse_part_ptr,  # (NUM_SPLITS, T_total, n_heads) fp32, base 2
+    out_ptr,  # (T_total, n_heads, head_dim)
+    cu_seqlens_ptr,  # (B + 1,) int32
+    B, head_dim,
+    stride_ps, stride_pt, stride_ph,
+    stride_ls, stride_lt,
+    stride_ot, stride_oh,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,  # NUM_SPLITS padded to a power of two
+    BLOCK_D: tl.constexpr,
+):
+    row, head = tl.program_id(0), tl.program_id(1)
+    # Rows outside every sequence were never computed: leave them as they are.
+    if (row < tl.load(cu_seqlens_ptr)) | (row >= tl.load(cu_seqlens_ptr + B)):
+        return
+    s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_ok = s < NUM_SPLITS
+    lse = tl.load(lse_part_ptr + s * stride_ls + row * stride_lt + head, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # (SPLITS_PAD,) weight of each split
+    o = tl.load(o_part_ptr + s[:, None] * stride_ps + row * stride_pt + head * stride_ph + offs_d[None, :],
+                mask=s_ok[:, None] & (offs_d[None, :] < head_dim), other=0.0)  # (SPLITS_PAD, BLOCK_D)
+    denom = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(denom == 0.0, 1.0, denom)
+    tl.store(out_ptr + row * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
+             mask=offs_d < head_dim)
 
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -330,6 +383,15 @@ def _tile_config(max_seqlen_q: int, group: int, block_d: int, dtype: torch.dtype
     return block_m, block_n, num_warps
 
 
+def _choose_kv_splits(programs: int, max_keys: int, block_n: int, device: torch.device) -> int:
+    """Flash-decoding split count: about two programs per SM, each split at least 4 key tiles.
+    Under the interpreter there is no parallel hardware to fill, so no split."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(triton.cdiv(2 * sms, programs), max_keys // (4 * block_n), MAX_SPLITS))
+
+
 def tree_attention(
     q: torch.Tensor,  # (T_total, n_heads, head_dim)
     k_cache: torch.Tensor,  # (num_blocks, block_size, n_kv_heads, head_dim)
@@ -344,16 +406,22 @@ def tree_attention(
     sliding_window: Optional[int] = None,
     max_seqlen_q: Optional[int] = None,  # >= the longest step; sizes the grid without a host sync
     out: Optional[torch.Tensor] = None,  # (T_total, n_heads, head_dim) to write into
+    num_kv_splits: Optional[int] = None,  # prefix key ranges per sequence; None = by occupancy
 ) -> torch.Tensor:  # (T_total, n_heads, head_dim), dtype of q
     """Triton version of ``tree_attention_ref`` (same arguments, same result).
 
-    Grid: (step-token tiles, B, n_kv_heads). A program owns TOKENS_PER_TILE step tokens of one
-    sequence times the GROUP query heads of one KV head, walks the prefix keys (only the ones in
-    the sliding window), then the step keys (only up to the diagonal for causal steps). A row
-    that sees no key gives 0 (the reference gives NaN). Mask words past n_words read as 0.
+    Grid: (step-token tiles, B, n_kv_heads * num_kv_splits). A program owns TOKENS_PER_TILE
+    step tokens of one sequence times the GROUP query heads of one KV head, walks its range of
+    prefix keys (only those in the sliding window), then -- in the last split -- the step keys
+    (only up to the diagonal for causal steps). With several splits (decode on a small batch,
+    where B * n_kv_heads programs would leave most of the GPU idle) each writes a partial
+    output and its log-sum-exp, and ``_merge_splits_kernel`` combines them. A row that sees no
+    key gives 0 (the reference gives NaN). Mask words past n_words read as 0.
     """
     _check_attention_args(q, k_cache, v_cache, cu_seqlens_q, positions, block_tables, context_lens,
                           mask, causal, sliding_window, max_seqlen_q, out)
+    if num_kv_splits is not None and (not isinstance(num_kv_splits, int) or not 1 <= num_kv_splits <= MAX_SPLITS):
+        raise ValueError(f"num_kv_splits must be None or an int in [1, {MAX_SPLITS}], got {num_kv_splits!r}")
     T_total, n_heads, head_dim = q.shape
     block_size, n_kv = k_cache.shape[1], k_cache.shape[2]
     group = n_heads // n_kv
@@ -375,9 +443,18 @@ def tree_attention(
         mask_mode, mask_arg, causal_arg = 2, mask, causal.view(torch.int8)
     n_words = mask.shape[1] if mask is not None else 0
     stride_mt = mask.stride(0) if mask is not None else 0
-    grid = (triton.cdiv(max_seqlen_q, tokens_per_tile), B, n_kv)
+    n_tiles = triton.cdiv(max_seqlen_q, tokens_per_tile)
+    splits = num_kv_splits if num_kv_splits is not None else _choose_kv_splits(
+        n_tiles * B * n_kv, block_tables.shape[1] * block_size, block_n, q.device)
+    if splits > 1:
+        o_part = torch.empty(splits, T_total, n_heads, head_dim, dtype=torch.float32, device=q.device)
+        lse_part = torch.empty(splits, T_total, n_heads, dtype=torch.float32, device=q.device)
+    else:  # placeholders, never read or written
+        o_part, lse_part = out, out
+    grid = (n_tiles, B, n_kv * splits)
     _tree_attention_kernel[grid](
-        q, k_cache, v_cache, out, cu_seqlens_q, positions, block_tables, context_lens, mask_arg, causal_arg,
+        q, k_cache, v_cache, out, o_part, lse_part,
+        cu_seqlens_q, positions, block_tables, context_lens, mask_arg, causal_arg,
         scale * 1.4426950408889634, sliding_window if sliding_window is not None else 0,
         block_size, n_words, head_dim,
         q.stride(0), q.stride(1),
@@ -386,6 +463,9 @@ def tree_attention(
         out.stride(0), out.stride(1),
         block_tables.stride(0),
         stride_mt,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2),
+        lse_part.stride(0), lse_part.stride(1),
+        NUM_SPLITS=splits,
         GROUP=group, TOKENS_PER_TILE=tokens_per_tile,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         MASK_MODE=mask_mode, HAS_WINDOW=sliding_window is not None,
@@ -394,4 +474,12 @@ def tree_attention(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=num_warps, num_stages=2,
     )
+    if splits > 1:
+        _merge_splits_kernel[(T_total, n_heads)](
+            o_part, lse_part, out, cu_seqlens_q, B, head_dim,
+            o_part.stride(0), o_part.stride(1), o_part.stride(2),
+            lse_part.stride(0), lse_part.stride(1),
+            out.stride(0), out.stride(1),
+            NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), BLOCK_D=block_d,
+        )
     return out

@@ -146,16 +146,17 @@ def dense_attention(batch: Batch, dtype, scale):
     return out
 
 
-def run_kernel(batch: Batch, window=None, scale=None, pass_max=True):
+def run_kernel(batch: Batch, window=None, scale=None, pass_max=True, splits=None):
     out = torch.full_like(batch.q, float("nan"))  # poisoned: every row must be written
     res = tree_attention(*batch.args(), mask=batch.mask, causal=batch.causal, scale=scale,
-                         sliding_window=window, max_seqlen_q=batch.max_seqlen_q if pass_max else None, out=out)
+                         sliding_window=window, max_seqlen_q=batch.max_seqlen_q if pass_max else None, out=out,
+                         num_kv_splits=splits)
     assert res is out
     return out
 
 
-def check_against_ref(batch: Batch, window=None, scale=None, pass_max=True):
-    out = run_kernel(batch, window, scale, pass_max)
+def check_against_ref(batch: Batch, window=None, scale=None, pass_max=True, splits=None):
+    out = run_kernel(batch, window, scale, pass_max, splits)
     ref = tree_attention_ref(*batch.args(), mask=batch.mask, causal=batch.causal, scale=scale,
                              sliding_window=window)
     assert not out.isnan().any()
@@ -234,6 +235,16 @@ def test_max_seqlen_q_optional():
     a = run_kernel(batch, pass_max=True)
     b = run_kernel(batch, pass_max=False)
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype, splits, window", [
+    (torch.float32, 2, None), (torch.float16, 3, 11), (torch.bfloat16, 7, None), (torch.float32, 7, 11)])
+def test_split_kv_matches_ref(dtype, splits, window):
+    """Prefix cut into key ranges and merged (flash decoding). Short prefixes leave most splits
+    empty; the prefill (C = 0) has only the last split's step keys."""
+    seqs = MIXED + [Seq(C=200, T=1), Seq(C=130, T=5, rule="tree")]
+    batch = make_batch(seqs, 6, 2, 64, dtype, block_size=16, window=window, seed=splits)
+    check_against_ref(batch, window=window, splits=splits)
 
 
 def test_tree_step_of_128_tokens():
@@ -323,3 +334,5 @@ def test_bad_window_and_max_seqlen():
         tree_attention(*b.args(), sliding_window=0)
     with pytest.raises(ValueError, match="max_seqlen_q"):
         tree_attention(*b.args(), max_seqlen_q=-1)
+    with pytest.raises(ValueError, match="num_kv_splits"):
+        tree_attention(*b.args(), num_kv_splits=0)
