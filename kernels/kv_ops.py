@@ -74,15 +74,16 @@ def _kv_store_kernel(
     stride_vcl, stride_vcb, stride_vcs, stride_vch,
     BLOCK: tl.constexpr,
 ):
-    t, layer, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t, chunk = tl.program_id(0), tl.program_id(2)
+    layer = tl.program_id(1).to(tl.int64)  # layer * layer stride of a big pool passes 2^31
     slot = tl.load(slot_mapping_ptr + t).to(tl.int64)
     e = chunk * BLOCK + tl.arange(0, BLOCK)
     # The scalar condition enters the mask through the limit (the CPU interpreter mistypes
     # `vector_bool & scalar_bool`).
     ok = e < tl.where(slot >= 0, row_elems, 0)
     h, d = e // head_dim, e % head_dim
-    # Strides, not a flat slot index: k / v are often views into a fused qkv projection.
     blk, off = slot // block_size, slot % block_size
+    # k / v by strides: they are often views into a fused qkv projection.
     k = tl.load(k_ptr + layer * stride_kl + t * stride_kt + h * stride_kh + d, mask=ok)
     v = tl.load(v_ptr + layer * stride_vl + t * stride_vt + h * stride_vh + d, mask=ok)
     tl.store(k_cache_ptr + layer * stride_kcl + blk * stride_kcb + off * stride_kcs + h * stride_kch + d,
@@ -105,7 +106,8 @@ def _kv_compact_kernel(
     stride_bt, stride_ai,
     BLOCK: tl.constexpr,
 ):
-    b, layer, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, chunk = tl.program_id(0), tl.program_id(2)
+    layer = tl.program_id(1).to(tl.int64)  # layer * layer stride of a big pool passes 2^31
     C = tl.load(context_lens_ptr + b)
     n = tl.minimum(tl.load(accept_counts_ptr + b), max_accept)
     e = chunk * BLOCK + tl.arange(0, BLOCK)
