@@ -47,14 +47,17 @@ SIZES = {
         heads=(32, 8, 128), block_size=16,
         ngram=dict(B=64, L_min=1024, L_max=8192),
         kv_store=dict(T=512), kv_compact=dict(layers=32, B=32, A=8, C=500),
-        attention=[("decode", 16, 4096, 1, "causal"), ("decode", 4, 16384, 1, "causal"),
-                   ("tree", 8, 2048, 64, "tree"), ("prefill", 2, 0, 2048, "causal")],
+        # The last field forces num_kv_splits (None = the launcher's occupancy heuristic).
+        attention=[("decode", 16, 4096, 1, "causal", None), ("decode", 4, 16384, 1, "causal", None),
+                   ("decode, no split-KV", 4, 16384, 1, "causal", 1),
+                   ("tree", 8, 2048, 64, "tree", None), ("prefill", 2, 0, 2048, "causal", None)],
     ),
     "tiny": dict(
         heads=(4, 2, 64), block_size=16,
         ngram=dict(B=4, L_min=64, L_max=256),
         kv_store=dict(T=16), kv_compact=dict(layers=2, B=4, A=4, C=40),
-        attention=[("decode", 2, 256, 1, "causal"), ("tree", 2, 128, 16, "tree"), ("prefill", 1, 0, 64, "causal")],
+        attention=[("decode", 2, 256, 1, "causal", None), ("decode, 3 KV splits", 2, 256, 1, "causal", 3),
+                   ("tree", 2, 128, 16, "tree", None), ("prefill", 1, 0, 64, "causal", None)],
     ),
 }
 
@@ -154,16 +157,17 @@ def packed_rows(out_padded, seqs):
 
 # ---- cases ----------------------------------------------------------------------------------
 
-def bench_attention(name, seqs, sz, dtype, device, g, time_fn):
+def bench_attention(name, seqs, splits, sz, dtype, device, g, time_fn):
     a, step_vis = paged_batch(seqs, sz["heads"], sz["block_size"], dtype, device, g)
     max_T = max(T for _, T, _ in seqs)
-    out = tree_attention(**a, max_seqlen_q=max_T)
+    out = tree_attention(**a, max_seqlen_q=max_T, num_kv_splits=splits)
     ref = tree_attention_ref(**a)
     err = (out.float() - ref.float()).abs().max().item()
     tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}[dtype]
     if not err <= tol:
         raise AssertionError(f"tree_attention {name}: max error {err:.3g} vs reference exceeds {tol}")
-    row = dict(triton=time_fn(lambda: tree_attention(**a, max_seqlen_q=max_T)), ref=time_fn(lambda: tree_attention_ref(**a)))
+    row = dict(triton=time_fn(lambda: tree_attention(**a, max_seqlen_q=max_T, num_kv_splits=splits)),
+               ref=time_fn(lambda: tree_attention_ref(**a)))
 
     q, k, v, vis, step, ctx, lens = dense_layout(a, seqs, step_vis)
     try:
@@ -319,8 +323,8 @@ def main(argv=None) -> None:
     rows = [bench_ngram(sz["ngram"], device, g, time_fn),
             bench_kv_store(sz["kv_store"], sz["heads"], sz["block_size"], dtype, device, g, time_fn),
             bench_kv_compact(sz["kv_compact"], sz["heads"], sz["block_size"], dtype, device, g, time_fn)]
-    for name, B, C, T, rule in sz["attention"]:
-        rows.append(bench_attention(name, [(C, T, rule)] * B, sz, dtype, device, g, time_fn))
+    for name, B, C, T, rule, splits in sz["attention"]:
+        rows.append(bench_attention(name, [(C, T, rule)] * B, splits, sz, dtype, device, g, time_fn))
     print_table(rows, gpu)
     print("flex / sdpa: dense baselines on pre-gathered, padded contiguous K/V (gather not timed); "
           "ref = the torch reference the `--kernel torch` backend runs. Outputs checked against the reference first.")
