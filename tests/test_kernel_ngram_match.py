@@ -1,9 +1,15 @@
 """ngram_match (Triton) and ngram_match_ref: exact tables, the prompt-lookup seed, and a
 property test of kernel == reference over random ragged batches."""
 
+import os
+import tempfile
+
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+
+# Hypothesis caches examples and source constants under ./.hypothesis: keep them out of the tree.
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", os.path.join(tempfile.gettempdir(), "specdec-hypothesis"))
+from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from kernels.ngram_match import ngram_match, ngram_match_ref
 
@@ -150,6 +156,8 @@ def test_long_repetitive_history_spans_blocks():
     (dict(min_n=0, max_n=2), "min_n"),
     (dict(min_n=3, max_n=2), "max_n"),
     (dict(num_candidates=0), "num_candidates"),
+    (dict(num_candidates=65), "num_candidates"),
+    (dict(k=1025), "k "),
     (dict(prefer="last"), "prefer"),
 ])
 def test_bad_inputs_raise(bad, name):
