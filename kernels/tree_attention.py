@@ -385,10 +385,13 @@ def _tile_config(max_seqlen_q: int, group: int, block_d: int, dtype: torch.dtype
 
 def _choose_kv_splits(programs: int, max_keys: int, block_n: int, device: torch.device) -> int:
     """Flash-decoding split count: about two programs per SM, each split at least 4 key tiles.
-    Under the interpreter there is no parallel hardware to fill, so no split."""
+    None when the grid already covers the GPU (the partials would cost more than they give) or
+    under the interpreter (no parallel hardware to fill)."""
     if device.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if programs >= sms:
+        return 1
     return max(1, min(triton.cdiv(2 * sms, programs), max_keys // (4 * block_n), MAX_SPLITS))
 
 
