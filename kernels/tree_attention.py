@@ -385,7 +385,7 @@ def _tile_config(max_seqlen_q: int, group: int, block_d: int, dtype: torch.dtype
 
 def _choose_kv_splits(programs: int, max_keys: int, block_n: int, device: torch.device) -> int:
     """Flash-decoding split count: about two programs per SM, each split at least 4 key tiles.
-    None when the grid already covers the GPU (the partials would cost more than they give) or
+    1 (no split) when the grid already covers the GPU (partials would cost more than they give) or
     under the interpreter (no parallel hardware to fill)."""
     if device.type != "cuda":
         return 1
