@@ -69,6 +69,10 @@ class Proposer:
         """One tree per active sequence; candidates may not go deeper than max_depth[i]."""
         return [StepTree.root(s.root) for s in seqs]
 
+    def verify_sampling(self, seq: Sequence, tree: StepTree, probs: dict[int, torch.Tensor]) -> tuple[list[int], int]:
+        """Sampling verification; one-hot drafts by default (recursive rejection)."""
+        return verify_sampling(tree, probs, seq.generator)
+
     def observe(self, seq: Sequence, tree: StepTree, rows: list[int], logits: torch.Tensor,
                 path: list[int], new_tokens: list[int]) -> None:
         """After verification: ``logits[j]`` belongs to node ``rows[j]``; ``path`` the accepted
@@ -229,7 +233,7 @@ def generate(
                     cand_rows = [j for node, j in row_index.items() if tree.candidate[node]]
                     probs = probs_from_logits(logits[cand_rows], sampling)
                     by_node = {rows[j]: probs[k] for k, j in enumerate(cand_rows)}
-                    path, bonus = verify_sampling(tree, by_node, s.generator)
+                    path, bonus = proposer.verify_sampling(s, tree, by_node)
                 commits[s.sid] = path
                 gained.append((path, [tree.tokens[n] for n in path[1:]] + [bonus]))
             runner.commit(commits)

@@ -1,0 +1,91 @@
+"""Summaries of benchmark records: the methods x tasks table (Markdown) and a chart (PNG)."""
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Optional
+
+
+def summarize(records: list[dict]) -> dict[tuple[str, str], dict]:
+    """(method, task) -> totals and ratios; speedup is tokens/s over "ar" on the same task,
+    measured in the same run. Tasks also get an "all" row."""
+    groups = defaultdict(list)
+    for r in records:
+        groups[(r["method"], r["task"])].append(r)
+        groups[(r["method"], "all")].append(r)
+    out = {}
+    for (method, task), rs in groups.items():
+        new = sum(r["new_tokens"] for r in rs)
+        secs = sum(r["time_s"] for r in rs)
+        fwd = sum(r["forwards"] for r in rs)
+        same = [r["identical_to_ar"] for r in rs if r.get("identical_to_ar") is not None]
+        out[(method, task)] = {
+            "prompts": len(rs), "new_tokens": new, "time_s": secs, "forwards": fwd,
+            "tok_s": new / secs if secs > 0 else float("nan"),
+            # tau: new tokens per forward, pooled over the prompts (each record holds its own)
+            "tau": new / max(fwd, 1),
+            "mean_step_tokens": (sum(r.get("step_tokens", 0) for r in rs) / fwd) if fwd else float("nan"),
+            "identical": (sum(same) / len(same)) if same else None,
+        }
+    for (method, task), s in out.items():
+        base = out.get(("ar", task))
+        s["speedup"] = s["tok_s"] / base["tok_s"] if base and base["tok_s"] > 0 else float("nan")
+    return out
+
+
+def _fmt(x, spec=".2f") -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and x != x:
+        return "-"
+    return format(x, spec)
+
+
+def markdown(records: list[dict], header: dict, methods: list[str], tasks: list[str]) -> str:
+    s = summarize(records)
+    lines = ["# Benchmark results", ""]
+    for k, v in header.items():
+        lines.append(f"- **{k}**: {v}")
+    lines += ["", "Speedup: tokens/s over our autoregressive decoding with the same kernels, same run. "
+              "tau: new tokens per forward after prefill. identical: share of greedy outputs equal to "
+              "autoregressive.", ""]
+    cols = tasks + (["all"] if len(tasks) > 1 else [])
+    for metric, spec, title in (("tok_s", ".1f", "tokens/s"), ("speedup", ".2f", "speedup over ar"),
+                                ("tau", ".2f", "tau (tokens per forward)"),
+                                ("mean_step_tokens", ".1f", "query tokens per forward"),
+                                ("identical", ".0%", "identical to ar")):
+        lines += [f"### {title}", "", "| method | " + " | ".join(cols) + " |",
+                  "|---|" + "---:|" * len(cols)]
+        for m in methods:
+            row = [_fmt(s.get((m, t), {}).get(metric), spec) for t in cols]
+            lines.append(f"| {m} | " + " | ".join(row) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def chart(records: list[dict], methods: list[str], tasks: list[str], path: Path, title: str = "") -> Optional[Path]:
+    """Grouped bars: speedup (left) and tau (right) per task, one bar per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = summarize(records)
+    cols = tasks + (["all"] if len(tasks) > 1 else [])
+    shown = [m for m in methods if m != "ar"] or methods
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(cols) * 2), 4.2))
+    width = 0.8 / len(shown)
+    for ax, metric, label in ((axes[0], "speedup", "speedup over autoregressive (tokens/s)"),
+                              (axes[1], "tau", "tau: tokens per forward")):
+        for i, m in enumerate(shown):
+            vals = [s.get((m, t), {}).get(metric, float("nan")) for t in cols]
+            ax.bar([j + i * width for j in range(len(cols))], vals, width, label=m)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks([j + width * (len(shown) - 1) / 2 for j in range(len(cols))])
+        ax.set_xticklabels(cols, rotation=20)
+        ax.set_ylabel(label)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

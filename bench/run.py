@@ -1,0 +1,260 @@
+"""End-to-end benchmark: decoding methods x tasks on real prompts.
+
+    python bench/run.py                                   # default suite, default model
+    python bench/run.py --kernel triton --methods ar,pld,lookahead+pld --tasks summarization
+    python bench/run.py --prompts my.jsonl --compare-hf --out out/mine
+
+Writes OUT/results.json (one record per prompt and method), OUT/results.md (tables) and
+OUT/chart.png (speedup and tau per task per method), and prints the tables.
+"""
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+# `python bench/run.py` puts bench/ on sys.path, not the repository: make `bench.*` importable.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+ALL_METHODS = ("ar", "pld", "jacobi", "lookahead", "lookahead+pld", "draft")
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def parse_args(argv=None):
+    gpu = torch.cuda.is_available()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kernel", choices=("triton", "torch"), default="triton" if gpu else "torch",
+                   help="kernel backend (default: triton on a GPU, torch on a CPU)")
+    p.add_argument("--methods", default="ar,pld,jacobi,lookahead,lookahead+pld",
+                   help=f"comma list from {','.join(ALL_METHODS)} (ar is always run: it is the baseline)")
+    p.add_argument("--tasks", default=None, help="comma list of suite tasks (default: all)")
+    p.add_argument("--prompts", type=Path, default=None, help="your own JSONL prompt file instead of the suite")
+    p.add_argument("--split", default="test", choices=("dev", "test"), help="suite split (tune on dev)")
+    p.add_argument("--model", default="smollm2", help="'smollm2' (embedded), a .gguf file or an HF folder")
+    p.add_argument("--draft-model", default=None, help="draft model for the 'draft' method (shares the tokenizer)")
+    p.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="default: float32 on CPU, bfloat16 on GPU")
+    p.add_argument("--device", default="cuda" if gpu else "cpu")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (32 with interpreted Triton)")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, default=None,
+                   help="prompts per task (default: all on a GPU, 1 on a CPU)")
+    p.add_argument("--out", type=Path, default=Path("bench/out"))
+    p.add_argument("--compare-hf", action="store_true",
+                   help="also run transformers generate (greedy and prompt lookup) on the same prompts")
+    p.add_argument("--lookahead", default="7,5,7", help="W,N,G of lookahead decoding")
+    p.add_argument("--pld", default="3,10", help="max n-gram, draft length of prompt lookup")
+    p.add_argument("--no-adaptive", action="store_true", help="turn the adaptive draft budget off")
+    p.add_argument("--token-cost", type=float, default=None,
+                   help="adaptive budget: cost of one step token vs a one-token step (default 0.05 CPU, 0.01 GPU)")
+    args = p.parse_args(argv)
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    bad = [m for m in args.methods if m not in ALL_METHODS]
+    if bad:
+        p.error(f"--methods: unknown {bad}; choose from {','.join(ALL_METHODS)}")
+    if "ar" not in args.methods:
+        args.methods.insert(0, "ar")
+    if "draft" in args.methods and not args.draft_model:
+        p.error("--methods draft needs --draft-model (a smaller model with the same tokenizer)")
+    for name in ("batch_size", "limit", "max_new_tokens"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+    args.interpreted = args.kernel == "triton" and not args.device.startswith("cuda")
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 32 if args.interpreted else 128
+    if args.limit is None and args.prompts is None and not gpu:
+        args.limit = 1
+    args.dtype = args.dtype or ("bfloat16" if gpu else "float32")
+    return args
+
+
+def load_records(args, tok) -> list[dict]:
+    """Prompt records with their first-turn messages; chat records keep both turns."""
+    from bench.data.suite import load_prompt_file, load_suite
+
+    tasks = args.tasks.split(",") if args.tasks else None
+    if args.prompts is not None:
+        out, taken = [], {}
+        for r in load_prompt_file(args.prompts):  # raises ValueError naming the line
+            if tasks and r["task"] not in tasks:
+                continue
+            taken[r["task"]] = taken.get(r["task"], 0) + 1
+            if args.limit is None or taken[r["task"]] <= args.limit:
+                out.append({"id": r["id"], "task": r["task"], "messages": r["messages"], "next_turn": None})
+        return out
+    out = []
+    for r in load_suite(tasks=tasks, split=args.split, limit=args.limit):
+        first = r["turns"][0] if r["task"] == "chat" else r["prompt"]
+        out.append({"id": r["id"], "task": r["task"], "messages": [{"role": "user", "content": first}],
+                    "next_turn": r["turns"][1] if r["task"] == "chat" else None})
+    return out
+
+
+def make_method(name, args, draft_model):
+    from decoding.budget import BudgetConfig
+    from decoding.draft import DraftModelConfig
+    from decoding.lookahead import LookaheadConfig
+    from decoding.methods import make_proposer
+    from decoding.prompt_lookup import PromptLookupConfig
+
+    cost = args.token_cost or (0.01 if args.device.startswith("cuda") else 0.05)
+    budget = BudgetConfig(enabled=not args.no_adaptive, token_cost=cost)
+    max_n, k = (int(x) for x in args.pld.split(","))
+    W, N, G = (int(x) for x in args.lookahead.split(","))
+    pld = PromptLookupConfig(max_ngram=max_n, num_draft=k)  # fixed length: the reference's rule
+    if name == "pld":
+        return make_proposer(name, config=pld)
+    if name in ("lookahead", "lookahead+pld"):
+        cfg = LookaheadConfig(window=W, ngram=N, guesses=G, with_pld=name == "lookahead+pld", pld=pld, budget=budget)
+        return make_proposer(name, config=cfg)
+    if name == "draft":
+        return make_proposer(name, draft_model=draft_model, config=DraftModelConfig())
+    return make_proposer(name)
+
+
+def header(args, model, device_name) -> dict:
+    import transformers
+    import triton
+
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "command": " ".join(["python bench/run.py"] + sys.argv[1:]),
+        "device": device_name, "dtype": args.dtype,
+        "kernel": args.kernel + (" (Triton interpreter on the CPU: kernels are emulated, timings say nothing "
+                                 "about Triton speed)" if args.interpreted else ""),
+        "model": f"{args.model} ({model.cfg.architecture}, {model.cfg.num_layers} layers, "
+                 f"hidden {model.cfg.hidden_size})",
+        "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
+        "sampling": "greedy" if args.temperature == 0 else
+                    f"temperature {args.temperature}, top-k {args.top_k}, top-p {args.top_p}, seed {args.seed}",
+        "lookahead W,N,G": args.lookahead, "pld max_ngram,draft": args.pld,
+        "adaptive budget": "off" if args.no_adaptive else "on (lookahead)",
+        "versions": f"python {platform.python_version()}, torch {torch.__version__}, triton {triton.__version__}, "
+                    f"transformers {transformers.__version__}",
+    }
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.interpreted:
+        # Triton decides at import time: switch the interpreter on before `kernels` is imported.
+        os.environ["TRITON_INTERPRET"] = "1"
+        print("NOTE: --kernel triton without a GPU runs the Triton kernels in Triton's interpreter: correct but "
+              f"slow; the workload is capped ({args.max_new_tokens} new tokens, {args.limit} prompt(s) per task).")
+    from tqdm import tqdm
+
+    from bench.hf_compare import HF_METHODS, hf_generate, load_hf_model
+    from bench.report import chart, markdown
+    from decoding.generate import generate
+    from decoding.sampling import SamplingParams
+    from kernels.backend import get_backend
+    from models.loader import load_model, resolve_model_path
+
+    backend = get_backend(args.kernel, args.device)
+    dtype = DTYPES[args.dtype]
+    model, tok = load_model(args.model, backend, dtype, args.device)
+    draft = load_model(args.draft_model, backend, dtype, args.device)[0] if "draft" in args.methods else None
+    eos = tuple(model.cfg.eos_token_ids)
+    sp = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                        seed=args.seed if args.temperature > 0 else None)
+    records = load_records(args, tok)
+    if not records:
+        print("no prompts selected", file=sys.stderr)
+        return 2
+    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else \
+        f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+    methods = list(args.methods)
+    hf = None
+    if args.compare_hf:
+        hf = load_hf_model(resolve_model_path(args.model), dtype, args.device)
+        methods += list(HF_METHODS)
+
+    def encode(messages):
+        return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+
+    # warm-up: first calls pay for allocation and (on a GPU) compilation
+    generate(model, [encode(records[0]["messages"])], make_method("ar", args, draft), max_new_tokens=4, sampling=sp)
+
+    results, todo = [], list(records)
+    bar = tqdm(total=len(todo) + sum(r.get("next_turn") is not None for r in records), desc="prompts")
+    while todo:
+        # batches of prompts of one task (the second chat turns come back as new records)
+        by_task: dict[str, list] = {}
+        for r in todo:
+            by_task.setdefault(r["task"], []).append(r)
+        todo, follow = [], []
+        for task, recs in by_task.items():
+            for i in range(0, len(recs), args.batch_size):
+                batch = recs[i:i + args.batch_size]
+                prompts = [encode(r["messages"]) for r in batch]
+                ar_out = None
+                for name in args.methods:  # methods back to back on the same batch
+                    t0 = time.perf_counter()
+                    res = generate(model, prompts, make_method(name, args, draft), max_new_tokens=args.max_new_tokens,
+                                   sampling=sp)
+                    if args.device.startswith("cuda"):
+                        torch.cuda.synchronize()
+                    secs = time.perf_counter() - t0
+                    if name == "ar":
+                        ar_out = [x.output_ids for x in res]
+                    for r, p, x, ref in zip(batch, prompts, res, ar_out):
+                        results.append(_record(r, name, p, x.output_ids, x.stats.forwards, secs, res, sp, ref,
+                                               x.finish_reason, x.stats.as_dict(), x.stats.step_tokens))
+                if hf is not None:
+                    for r, p, ref in zip(batch, prompts, ar_out):
+                        for name in HF_METHODS:
+                            h = hf_generate(hf, p, name, args.max_new_tokens, eos)
+                            results.append(_record(r, name, p, h["output_ids"], h["forwards"], h["time_s"], None,
+                                                   sp, ref, h["finish_reason"], None, None))
+                for r, out in zip(batch, ar_out):
+                    if r.get("next_turn"):  # MT-bench turn 2 sees the model's own first answer
+                        answer = tok.decode(out, skip_special_tokens=True)
+                        follow.append({"id": r["id"] + "-turn2", "task": r["task"], "next_turn": None,
+                                       "messages": r["messages"] + [{"role": "assistant", "content": answer},
+                                                                    {"role": "user", "content": r["next_turn"]}]})
+                bar.update(len(batch))
+        todo = follow
+    bar.close()
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    head = header(args, model, device_name)
+    tasks = list(dict.fromkeys(r["task"] for r in results))
+    (args.out / "results.json").write_text(json.dumps({"header": head, "records": results}, indent=1))
+    md = markdown(results, head, methods, tasks)
+    (args.out / "results.md").write_text(md)
+    chart(results, methods, tasks, args.out / "chart.png", f"{args.model} | {device_name} | {args.dtype} | {args.kernel}")
+    print(md)
+    print(f"\nwrote {args.out / 'results.json'}, {args.out / 'results.md'}, {args.out / 'chart.png'}")
+    return 0
+
+
+def _record(rec, method, prompt, output_ids, forwards, secs, batch_results, sp, ar_ids, finish, stats, step_tokens):
+    """One results.json record. A batch shares its wall time: time_s and tok_s are the batch's."""
+    batch_new = sum(len(x.output_ids) for x in batch_results) if batch_results else len(output_ids)
+    return {
+        "id": rec["id"], "task": rec["task"], "method": method, "prompt_tokens": len(prompt),
+        "new_tokens": len(output_ids), "forwards": forwards, "tau": len(output_ids) / max(forwards, 1),
+        "time_s": secs * len(output_ids) / max(batch_new, 1),  # this sequence's share of the batch time
+        "tok_s": batch_new / secs if secs > 0 else None,
+        "step_tokens": step_tokens,
+        "identical_to_ar": (output_ids == ar_ids) if sp.greedy else None,
+        "finish_reason": finish, "stats": stats, "output_ids": output_ids,
+    }
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except ValueError as e:  # bad input (prompt file, model path, configuration): say what, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

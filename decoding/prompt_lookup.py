@@ -1,0 +1,73 @@
+"""Prompt lookup decoding (Saxena 2023): drafts copied from earlier occurrences of the last
+n-gram in the prompt and the sequence's own output, matched for the whole batch at once by
+the ``ngram_match`` kernel."""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from decoding.budget import AdaptiveDepth, BudgetConfig
+from decoding.generate import Proposer, Sequence
+from decoding.tree import PLD, StepTree
+
+
+@dataclass(slots=True)
+class PromptLookupConfig:
+    max_ngram: int = 3  # longest n-gram matched (tried first)
+    min_ngram: int = 1  # shortest n-gram matched
+    num_draft: int = 10  # continuation tokens per candidate (draft length)
+    num_candidates: int = 1  # > 1: up to this many distinct continuations merged into a tree
+    prefer: str = "first"  # "first" (earliest match, as the reference) or "recent"
+    partial: bool = True  # accept continuations cut by the end of the history (as transformers)
+    budget: BudgetConfig = field(default_factory=lambda: BudgetConfig(enabled=False))
+
+    def __post_init__(self):
+        if self.min_ngram < 1:
+            raise ValueError(f"min_ngram must be >= 1, got {self.min_ngram}")
+        if self.max_ngram < self.min_ngram:
+            raise ValueError(f"max_ngram must be >= min_ngram ({self.min_ngram}), got {self.max_ngram}")
+        if self.num_draft < 1:
+            raise ValueError(f"num_draft (draft length) must be >= 1, got {self.num_draft}")
+        if self.num_candidates < 1:
+            raise ValueError(f"num_candidates must be >= 1, got {self.num_candidates}")
+        if self.prefer not in ("first", "recent"):
+            raise ValueError(f"prefer must be 'first' or 'recent', got {self.prefer!r}")
+
+
+def lookup_candidates(backend, histories: list[list[int]], cfg: PromptLookupConfig,
+                      device: torch.device | str = "cpu") -> list[list[list[int]]]:
+    """Per history, its candidate continuations (best first) from one batched kernel call."""
+    lens = [len(h) for h in histories]
+    cu = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32)
+    flat = torch.tensor([t for h in histories for t in h], dtype=torch.int32)
+    cands, counts = backend.ngram_match(flat.to(device), cu.to(device), min_n=cfg.min_ngram, max_n=cfg.max_ngram,
+                                        k=cfg.num_draft, num_candidates=cfg.num_candidates, prefer=cfg.prefer,
+                                        partial=cfg.partial)
+    cands, counts = cands.tolist(), counts.tolist()  # the one host transfer of the step
+    return [[row[:n] for row, n in zip(cands[b], counts[b]) if n > 0] for b in range(len(histories))]
+
+
+class PromptLookup(Proposer):
+    name = "pld"
+
+    def __init__(self, cfg: PromptLookupConfig | None = None):
+        self.cfg = cfg or PromptLookupConfig()
+
+    def start(self, seqs, runner, sampling):
+        self.backend, self.device = runner.model.backend, runner.device
+        for s in seqs:
+            s.state["pld_budget"] = AdaptiveDepth(self.cfg.budget)
+
+    def propose(self, seqs: list[Sequence], max_depth: list[int]) -> list[StepTree]:
+        trees = [StepTree.root(s.root) for s in seqs]
+        depth = [s.state["pld_budget"].depth(d) for s, d in zip(seqs, max_depth)]
+        todo = [i for i, d in enumerate(depth) if d > 0]
+        if todo:
+            found = lookup_candidates(self.backend, [seqs[i].history for i in todo], self.cfg, self.device)
+            for i, chains in zip(todo, found):
+                for chain in chains:
+                    trees[i].add_chain(chain[:depth[i]], PLD)
+        return trees
+
+    def observe(self, seq, tree, rows, logits, path, new_tokens):
+        seq.state["pld_budget"].update(len(path) - 1, bool(tree.children[path[-1]]))

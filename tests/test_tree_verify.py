@@ -1,0 +1,128 @@
+"""Step trees and verification functions: exact tables."""
+
+import pytest
+import torch
+
+import decoding.verify as verify_mod
+from decoding.tree import PLD, POOL, WINDOW, StepTree
+from decoding.verify import verify_draft_model, verify_greedy, verify_sampling
+
+
+def test_trie_merges_chains_and_masks_ancestors():
+    t = StepTree.root(9)
+    assert t.add_chain([1, 2, 3], PLD) == [1, 2, 3]
+    assert t.add_chain([1, 2, 4], POOL) == [1, 2, 4]  # shares 1, 2
+    assert t.add_chain([5], POOL) == [5]
+    assert t.tokens == [9, 1, 2, 3, 4, 5]
+    assert t.parents == [-1, 0, 1, 2, 2, 0]
+    assert t.depths == [0, 1, 2, 3, 3, 1]
+    assert t.sources[1] == PLD | POOL and t.sources[3] == PLD and t.sources[4] == POOL
+    m = t.mask().int().tolist()
+    assert m == [[1, 0, 0, 0, 0, 0],
+                 [1, 1, 0, 0, 0, 0],
+                 [1, 1, 1, 0, 0, 0],
+                 [1, 1, 1, 1, 0, 0],
+                 [1, 1, 1, 0, 1, 0],
+                 [1, 0, 0, 0, 0, 1]]
+    assert not t.is_chain() and StepTree.root(1).is_chain()
+
+
+def test_trie_node_budget_and_private_nodes():
+    t = StepTree.root(0)
+    t.add_chain([1, 2, 3], PLD, max_nodes=2)
+    assert t.tokens == [0, 1, 2]
+    t.add_chain([1, 2, 7], PLD, max_nodes=2)  # shared nodes cost nothing, new ones are refused
+    assert t.tokens == [0, 1, 2]
+    w = t.add_private_chain(0, [1, 2], WINDOW)  # same tokens, but never merged nor accepted
+    assert w == [3, 4] and t.children[0] == {1: 1} and not t.candidate[3]
+    assert t.num_candidates == 2
+
+
+def test_verify_greedy_longest_path_plus_bonus():
+    t = StepTree.root(0)
+    t.add_chain([1, 2, 3], PLD)  # nodes 1, 2, 3
+    t.add_chain([1, 5], POOL)  # node 4
+    # argmax after each node: root -> 1, node1 -> 5, node4 -> 8
+    nxt = {0: 1, 1: 5, 2: 3, 3: 0, 4: 8}
+    assert verify_greedy(t, nxt) == ([0, 1, 4], 8)
+    assert verify_greedy(t, {0: 7, 1: 0, 2: 0, 3: 0, 4: 0}) == ([0], 7)
+    assert verify_greedy(t, {0: 1, 1: 2, 2: 3, 3: 6, 4: 0}) == ([0, 1, 2, 3], 6)
+
+
+class Scripted:
+    """Replaces the verifier's randomness: fixed uniforms, and records the distribution the
+    final token is drawn from (returning its argmax)."""
+
+    def __init__(self, uniforms):
+        self.uniforms = list(uniforms)
+        self.drawn_from = None
+
+    def uniform(self, generator):
+        return self.uniforms.pop(0)
+
+    def sample(self, probs, generator):
+        self.drawn_from = probs.clone()
+        return int(probs.argmax())
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    def make(uniforms):
+        s = Scripted(uniforms)
+        monkeypatch.setattr(verify_mod, "_uniform", s.uniform)
+        monkeypatch.setattr(verify_mod, "sample", s.sample)
+        return s
+    return make
+
+
+def tree_two_children():
+    t = StepTree.root(0)
+    t.add_chain([0, 3], PLD)  # node 1 (token 0), node 2 (token 3)
+    t.add_chain([1], POOL)  # node 3 (token 1)
+    return t
+
+
+P_ROOT = torch.tensor([0.5, 0.3, 0.2, 0.0])
+P_1 = torch.tensor([0.1, 0.1, 0.1, 0.7])
+
+
+def test_recursive_rejection_accepts_with_p(scripted):
+    t = tree_two_children()
+    probs = {0: P_ROOT, 1: P_1, 2: torch.tensor([0.0, 0.0, 1.0, 0.0]), 3: P_1}
+    s = scripted([0.49, 0.69])  # child 0: accept iff u < 0.5; then node 1's child 3: u < 0.7
+    assert verify_sampling(t, probs, None) == ([0, 1, 2], 2)
+    assert torch.equal(s.drawn_from, torch.tensor([0.0, 0.0, 1.0, 0.0]))
+
+
+def test_recursive_rejection_residuals(scripted):
+    t = tree_two_children()
+    probs = {0: P_ROOT, 1: P_1, 2: P_1, 3: P_1}
+    # child token 0 rejected (u=0.5 is not < 0.5); then token 1 is tried against the residual
+    # [0, .3, .2, 0] / .5: accepted iff u < 0.6
+    s = scripted([0.5, 0.59, 0.9])
+    path, _ = verify_sampling(t, probs, None)
+    assert path == [0, 3] and torch.allclose(s.drawn_from, P_1)
+    s = scripted([0.5, 0.61])  # both rejected: bonus from [0, 0, .2, 0] / .2
+    path, bonus = verify_sampling(t, probs, None)
+    assert path == [0] and bonus == 2
+    assert torch.allclose(s.drawn_from, torch.tensor([0.0, 0.0, 1.0, 0.0]))
+
+
+def test_recursive_rejection_emits_p_exactly():
+    """Exact distribution of the first emitted token, integrating over the uniforms."""
+    # P(token 0) = .5; P(token 1) = (1 - .5) * .3/.5 = .3; P(token 2) = .2: exactly P_ROOT
+    p0, p1 = P_ROOT[0], P_ROOT[1] / (1 - P_ROOT[0])
+    first = torch.tensor([p0, (1 - p0) * p1, (1 - p0) * (1 - p1), 0.0])
+    assert torch.allclose(first, P_ROOT)
+
+
+def test_draft_model_rule(scripted):
+    p = torch.tensor([[0.2, 0.5, 0.3], [0.6, 0.2, 0.2], [0.1, 0.1, 0.8]])
+    q = torch.tensor([[0.4, 0.4, 0.2], [0.2, 0.2, 0.6]])
+    # token 0 at step 0: accept iff u < min(1, .2/.4) = .5
+    s = scripted([0.49, 0.99])  # accept; then token 0 at step 1: min(1, .6/.2) = 1 -> accept
+    assert verify_draft_model([0, 0], p, q, None) == (2, 2)
+    assert torch.allclose(s.drawn_from, p[2])
+    s = scripted([0.5])  # reject: residual max(p - q, 0) = [0, .1, .1] / .2
+    assert verify_draft_model([0, 0], p, q, None)[0] == 0
+    assert torch.allclose(s.drawn_from, torch.tensor([0.0, 0.5, 0.5]))
