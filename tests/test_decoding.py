@@ -54,7 +54,9 @@ def _to_hf_names(sd, cfg):
 
 def proposer(name, model, small=False):
     if name == "draft":
-        return DraftModel(tiny_draft(model, 1 if small else 8), DraftModelConfig(num_draft=4))
+        # the real model drafts for itself (every greedy draft is accepted: the acceptance
+        # path is exercised); the tiny model gets a 1-layer truncation (mostly rejected)
+        return DraftModel(tiny_draft(model, 1) if small else model, DraftModelConfig(num_draft=4))
     if small and name.startswith("lookahead"):
         return make_proposer(name, config=LookaheadConfig(window=3, ngram=3, guesses=3, with_pld=name.endswith("pld")))
     return make_proposer(name)

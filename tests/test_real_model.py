@@ -28,3 +28,17 @@ def test_greedy_identical_to_transformers_generate(smol, smol_prompts, hf_smol):
             ref = hf_smol.generate(torch.tensor([p]), max_new_tokens=40, do_sample=False)[0, len(p):].tolist()
         assert ours.output_ids == ref
         assert generate(model, [p], max_new_tokens=40)[0].output_ids == ref
+
+
+def test_triton_backend_same_greedy_tokens(smol, smol_prompts):
+    """--kernel triton (interpreted here) against --kernel torch on the default model."""
+    from decoding.methods import make_proposer
+    from kernels.backend import get_backend
+    from models.loader import load_model
+
+    model, _ = smol
+    triton_model, _ = load_model(backend=get_backend("triton"))
+    p = smol_prompts[0]
+    ref = generate(model, [p], max_new_tokens=10).pop().output_ids
+    assert generate(triton_model, [p], max_new_tokens=10).pop().output_ids == ref
+    assert generate(triton_model, [p], make_proposer("lookahead+pld"), max_new_tokens=10).pop().output_ids == ref
