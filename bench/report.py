@@ -23,7 +23,8 @@ def summarize(records: list[dict]) -> dict[tuple[str, str], dict]:
             "tok_s": new / secs if secs > 0 else float("nan"),
             # tau: new tokens per forward, pooled over the prompts (each record holds its own)
             "tau": new / max(fwd, 1),
-            "mean_step_tokens": (sum(r.get("step_tokens", 0) for r in rs) / fwd) if fwd else float("nan"),
+            "mean_step_tokens": (sum(r["step_tokens"] for r in rs) / fwd)
+            if fwd and all(r.get("step_tokens") is not None for r in rs) else float("nan"),
             "identical": (sum(same) / len(same)) if same else None,
         }
     for (method, task), s in out.items():
@@ -49,15 +50,21 @@ def markdown(records: list[dict], header: dict, methods: list[str], tasks: list[
               "tau: new tokens per forward after prefill. identical: share of greedy outputs equal to "
               "autoregressive.", ""]
     cols = tasks + (["all"] if len(tasks) > 1 else [])
-    for metric, spec, title in (("tok_s", ".1f", "tokens/s"), ("speedup", ".2f", "speedup over ar"),
-                                ("tau", ".2f", "tau (tokens per forward)"),
-                                ("mean_step_tokens", ".1f", "query tokens per forward"),
-                                ("identical", ".0%", "identical to ar")):
-        lines += [f"### {title}", "", "| method | " + " | ".join(cols) + " |",
-                  "|---|" + "---:|" * len(cols)]
+    lines += ["| method | task | prompts | new tokens | forwards | tokens/s | speedup | tau | query tokens/forward "
+              "| identical |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for t in cols:
         for m in methods:
-            row = [_fmt(s.get((m, t), {}).get(metric), spec) for t in cols]
-            lines.append(f"| {m} | " + " | ".join(row) + " |")
+            x = s.get((m, t))
+            if x is None:
+                continue
+            lines.append(f"| {m} | {t} | {x['prompts']} | {x['new_tokens']} | {x['forwards']} | {_fmt(x['tok_s'], '.1f')} "
+                         f"| {_fmt(x['speedup'])} | {_fmt(x['tau'])} | {_fmt(x['mean_step_tokens'], '.1f')} "
+                         f"| {_fmt(x['identical'], '.0%')} |")
+    lines.append("")
+    for metric, title in (("speedup", "speedup over ar"), ("tau", "tau (new tokens per forward)")):
+        lines += [f"### {title}", "", "| method | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+        for m in methods:
+            lines.append(f"| {m} | " + " | ".join(_fmt(s.get((m, t), {}).get(metric)) for t in cols) + " |")
         lines.append("")
     return "\n".join(lines)
 

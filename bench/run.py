@@ -230,7 +230,7 @@ def main(argv=None) -> int:
     head = header(args, model, device_name)
     tasks = list(dict.fromkeys(r["task"] for r in results))
     (args.out / "results.json").write_text(json.dumps({"header": head, "records": results}, indent=1))
-    md = markdown(results, head, methods, tasks)
+    md = markdown(results, head, [m for m in methods if any(r["method"] == m for r in results)], tasks)
     (args.out / "results.md").write_text(md)
     chart(results, methods, tasks, args.out / "chart.png", f"{args.model} | {device_name} | {args.dtype} | {args.kernel}")
     print(md)
