@@ -37,7 +37,9 @@ class LookaheadConfig:
     pld: PromptLookupConfig = field(default_factory=PromptLookupConfig)
     max_verify: int = 64  # most candidate nodes verified per step (after trie merging)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
-    seed: int = 0  # initial window tokens are drawn from the prompt with this seed
+    seed: int = 0  # initial window tokens (and refills) are drawn from the history with this seed
+    window_shift: str = "one"  # "one": slide one level per step (the reference's default);
+    # "accepted": also move the window left by the extra tokens a step accepted, refilling its end
 
     def __post_init__(self):
         if self.window < 2:
@@ -48,6 +50,8 @@ class LookaheadConfig:
             raise ValueError(f"guesses (G) must be >= 0, got {self.guesses}")
         if self.max_verify < 1:
             raise ValueError(f"max_verify must be >= 1, got {self.max_verify}")
+        if self.window_shift not in ("one", "accepted"):
+            raise ValueError(f"window_shift must be 'one' or 'accepted', got {self.window_shift!r}")
 
 
 class NgramPool:
@@ -103,7 +107,7 @@ class Lookahead(Proposer):
             if cfg.pool_from_prompt:
                 pool.add_all(s.prompt)
             s.state.update(levels=levels, real=[[False] * W for _ in range(N - 1)], pool=pool, tips=None,
-                           la_budget=AdaptiveDepth(cfg.budget))
+                           la_budget=AdaptiveDepth(cfg.budget), rng=rng)
 
     def propose(self, seqs: list[Sequence], max_depth: list[int]) -> list[StepTree]:
         cfg = self.cfg
@@ -155,5 +159,13 @@ class Lookahead(Proposer):
             if all(real[j][c] for j in range(1 if c == 0 else 0, N - 1)):
                 first = tree.tokens[0] if c == 0 else levels[0][c]
                 pool.add([first] + [levels[j][c] for j in range(1, N - 1)] + [new[c]])
-        st["levels"] = levels[1:] + [new]
-        st["real"] = real[1:] + [[True] * cfg.window]
+        levels, real = levels[1:] + [new], real[1:] + [[True] * cfg.window]
+        skip = len(new_tokens) - 1 if cfg.window_shift == "accepted" else 0
+        if skip > 0:
+            # The root moved `skip` positions further than one: drop the window columns that
+            # now lie behind it and refill the end with tokens drawn from the history.
+            hist, rng = seq.history, st["rng"]
+            levels = [lv[skip:] + [rng.choice(hist) for _ in range(min(skip, cfg.window))] for lv in levels]
+            levels = [lv[:cfg.window] for lv in levels]
+            real = [(r[skip:] + [False] * cfg.window)[:cfg.window] for r in real]
+        st["levels"], st["real"] = levels, real

@@ -122,6 +122,19 @@ class RecordingPLD(PromptLookup):
         self.steps.append((len(path) - 1, list(new_tokens)))
 
 
+@pytest.mark.parametrize("cfg", [
+    LookaheadConfig(window=4, ngram=2, guesses=2),  # N = 2: the window is one level (Jacobi-like)
+    LookaheadConfig(window=3, ngram=4, guesses=2, window_shift="accepted", with_pld=True),
+    LookaheadConfig(window=5, ngram=3, guesses=0, pool_from_prompt=False, pool_from_output=False),
+])
+def test_lookahead_variants_lossless(cfg):
+    model = ours_from_hf(tiny_hf_model("llama", seed=3)).model
+    ref = [generate(model, [p], max_new_tokens=24, eos_token_ids=())[0].output_ids for p in TINY_PROMPTS]
+    res = generate(model, TINY_PROMPTS, make_proposer("lookahead+pld" if cfg.with_pld else "lookahead", config=cfg),
+                   max_new_tokens=24, eos_token_ids=())
+    assert outputs(res) == ref
+
+
 def test_eos_inside_accepted_draft_ends_sequence():
     model = ours_from_hf(tiny_hf_model("llama", seed=3)).model
     base = generate(model, [[40]], max_new_tokens=12, eos_token_ids=())[0].output_ids
@@ -188,6 +201,7 @@ def test_pld_proposes_the_seed_continuation():
     (lambda: LookaheadConfig(window=1), "window"),
     (lambda: LookaheadConfig(ngram=1), "ngram"),
     (lambda: LookaheadConfig(guesses=-1), "guesses"),
+    (lambda: LookaheadConfig(window_shift="two"), "window_shift"),
     (lambda: PromptLookupConfig(num_draft=0), "num_draft"),
     (lambda: PromptLookupConfig(min_ngram=3, max_ngram=2), "max_ngram"),
     (lambda: JacobiConfig(window=0), "window"),
