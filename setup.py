@@ -14,6 +14,7 @@ setup(
         "torch>=2.4",
         "triton>=3.0",
         "transformers>=4.46",
+        "accelerate",  # transformers needs it to load GGUF files (reference checks, --compare-hf)
         "tokenizers",
         "jinja2",
         "einops",
