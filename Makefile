@@ -20,7 +20,7 @@ $(VENV)/.installed: setup.py Makefile
 	touch $@
 
 bench: setup
-	$(PY) bench/run.py
+	$(PY) bench/run.py --compare-hf
 
 test: setup
 	$(PY) -m pytest -q tests

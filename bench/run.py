@@ -53,6 +53,8 @@ def parse_args(argv=None):
                    help="also run transformers generate (greedy and prompt lookup) on the same prompts")
     p.add_argument("--lookahead", default="7,5,7", help="W,N,G of lookahead decoding")
     p.add_argument("--pld", default="3,10", help="max n-gram, draft length of prompt lookup")
+    p.add_argument("--pld-candidates", type=int, default=4,
+                   help="distinct prompt-lookup continuations merged into lookahead+pld's trie")
     p.add_argument("--no-adaptive", action="store_true", help="turn the adaptive draft budget off")
     p.add_argument("--token-cost", type=float, default=None,
                    help="adaptive budget: cost of one step token vs a one-token step (default 0.05 CPU, 0.01 GPU)")
@@ -111,10 +113,10 @@ def make_method(name, args, draft_model):
     budget = BudgetConfig(enabled=not args.no_adaptive, token_cost=cost)
     max_n, k = (int(x) for x in args.pld.split(","))
     W, N, G = (int(x) for x in args.lookahead.split(","))
-    pld = PromptLookupConfig(max_ngram=max_n, num_draft=k)  # fixed length: the reference's rule
-    if name == "pld":
-        return make_proposer(name, config=pld)
+    if name == "pld":  # fixed draft length, one candidate: the reference's (and transformers') rule
+        return make_proposer(name, config=PromptLookupConfig(max_ngram=max_n, num_draft=k))
     if name in ("lookahead", "lookahead+pld"):
+        pld = PromptLookupConfig(max_ngram=max_n, num_draft=k, num_candidates=args.pld_candidates)
         cfg = LookaheadConfig(window=W, ngram=N, guesses=G, with_pld=name == "lookahead+pld", pld=pld, budget=budget)
         return make_proposer(name, config=cfg)
     if name == "draft":

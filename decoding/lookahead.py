@@ -34,7 +34,8 @@ class LookaheadConfig:
     pool_from_prompt: bool = True  # seed the pool with the prompt's n-grams
     pool_from_output: bool = True  # add the n-grams of accepted output to the pool
     with_pld: bool = False  # also verify prompt-lookup candidates in the same trie
-    pld: PromptLookupConfig = field(default_factory=PromptLookupConfig)
+    # prompt lookup inside lookahead+pld: a tree of up to 4 distinct continuations (tuned on the dev split)
+    pld: PromptLookupConfig = field(default_factory=lambda: PromptLookupConfig(num_candidates=4))
     max_verify: int = 64  # most candidate nodes verified per step (after trie merging)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     seed: int = 0  # initial window tokens (and refills) are drawn from the history with this seed
