@@ -66,6 +66,18 @@ def markdown(records: list[dict], header: dict, methods: list[str], tasks: list[
         for m in methods:
             lines.append(f"| {m} | " + " | ".join(_fmt(s.get((m, t), {}).get(metric)) for t in cols) + " |")
         lines.append("")
+    if "hf-pld" in methods:
+        # tau against transformers' prompt lookup on the same prompts: per task, then the mean of
+        # the per-task ratios (each task weighs the same, whatever its prompt count).
+        lines += ["### tau / tau of hf-pld (transformers prompt lookup, same prompts)", "",
+                  "| method | " + " | ".join(tasks) + " | mean over tasks |", "|---|" + "---:|" * (len(tasks) + 1)]
+        for m in methods:
+            ratios = [s[(m, t)]["tau"] / s[("hf-pld", t)]["tau"] if (m, t) in s and ("hf-pld", t) in s else None
+                      for t in tasks]
+            got = [r for r in ratios if r is not None]
+            lines.append(f"| {m} | " + " | ".join(_fmt(r) for r in ratios)
+                         + f" | {_fmt(sum(got) / len(got) if got else None)} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -96,3 +108,26 @@ def chart(records: list[dict], methods: list[str], tasks: list[str], path: Path,
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def main(argv=None) -> None:
+    """Re-render results.md and chart.png from a results.json (e.g. after changing the report)."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("results", type=Path, help="a results.json written by bench/run.py")
+    args = p.parse_args(argv)
+    data = json.loads(args.results.read_text())
+    records, head = data["records"], data["header"]
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    tasks = list(dict.fromkeys(r["task"] for r in records))
+    md = markdown(records, head, methods, tasks)
+    (args.results.parent / "results.md").write_text(md)
+    chart(records, methods, tasks, args.results.parent / "chart.png",
+          f"{head.get('model', '')} | {head.get('device', '')} | {head.get('dtype', '')}")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -80,7 +80,7 @@ def parse_args(argv=None):
     return args
 
 
-def load_records(args, tok) -> list[dict]:
+def load_records(args) -> list[dict]:
     """Prompt records with their first-turn messages; chat records keep both turns."""
     from bench.data.suite import load_prompt_file, load_suite
 
@@ -162,6 +162,10 @@ def main(argv=None) -> int:
     from kernels.backend import get_backend
     from models.loader import load_model, resolve_model_path
 
+    records = load_records(args)  # a malformed prompt file fails here, before any model is loaded
+    if not records:
+        print("no prompts selected", file=sys.stderr)
+        return 2
     backend = get_backend(args.kernel, args.device)
     dtype = DTYPES[args.dtype]
     model, tok = load_model(args.model, backend, dtype, args.device)
@@ -169,10 +173,6 @@ def main(argv=None) -> int:
     eos = tuple(model.cfg.eos_token_ids)
     sp = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                         seed=args.seed if args.temperature > 0 else None)
-    records = load_records(args, tok)
-    if not records:
-        print("no prompts selected", file=sys.stderr)
-        return 2
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else \
         f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads)"
     methods = list(args.methods)

@@ -69,6 +69,20 @@ class ModelRunner:
     @torch.inference_mode()
     def step(self, inputs: list[StepInput]) -> list[torch.Tensor]:
         """One forward for all ``inputs``; returns per input its logits rows (R_b, vocab) fp32."""
+        tokens, meta, idx = self.prepare(inputs)
+        logits = self.model(tokens, meta, self.cache.k, self.cache.v, idx)
+        out, start = [], 0
+        for inp in inputs:
+            r = len(inp.tokens) if inp.logits_rows is None else len(inp.logits_rows)
+            out.append(logits[start:start + r])
+            start += r
+        return out
+
+    def prepare(self, inputs: list[StepInput]) -> tuple[torch.Tensor, StepMeta, Optional[torch.Tensor]]:
+        """Check ``inputs``, reserve cache room for them and pack them into the model's
+        arguments ``(tokens, meta, logits_idx)``; the forward is ``model(tokens, meta,
+        cache.k, cache.v, logits_idx)``. Nothing is committed: calling the forward again with
+        the same arguments rewrites the same slots (the step benchmarks rely on this)."""
         cache = self.cache
         for inp in inputs:
             cache._check(inp.seq_id)
@@ -111,13 +125,7 @@ class ModelRunner:
             causal=causal,
         )
         idx = None if len(logits_idx) == cu[-1] else torch.tensor(logits_idx, dtype=torch.int64, device=dev)
-        logits = self.model(torch.tensor(tokens, dtype=torch.int64, device=dev), meta, cache.k, cache.v, idx)
-        out, start = [], 0
-        for inp in inputs:
-            r = len(inp.tokens) if inp.logits_rows is None else len(inp.logits_rows)
-            out.append(logits[start:start + r])
-            start += r
-        return out
+        return torch.tensor(tokens, dtype=torch.int64, device=dev), meta, idx
 
     @torch.inference_mode()
     def commit(self, accepted: dict[int, list[int]]) -> None:

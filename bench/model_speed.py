@@ -1,0 +1,312 @@
+"""Model-level speed with random weights: decode bandwidth and the step-cost curve.
+
+    python bench/model_speed.py                        # GPU: Mistral-7B shape, bf16, triton kernels
+    python bench/model_speed.py --shape tiny --quick   # CPU smoke run (what the test runs)
+
+Two measurements on the same model in one run (the weights are random: speed does not
+depend on them, and nothing has to be downloaded):
+
+* decode -- one-token steps at batch 1, 2, ..., 64 over a ``--context``-token prefix per
+  sequence: ms per step, tokens/s, and achieved weight bandwidth = weight bytes / step time
+  (also with the K/V bytes read), as a fraction of the device copy bandwidth measured in
+  the same run (``dst.copy_(src)``, read + write counted).
+* step cost -- one step of T tokens per sequence (T = 1, 2, 4, ..., 128; a random draft
+  tree's visibility mask, as speculative methods send) at batch 1 and 8, relative to a
+  one-token step. This curve says how many draft tokens a step can afford to verify.
+
+Each is timed twice: ``forward`` = the model on prepared device tensors (what a CUDA graph
+would replay) and ``step`` = ``ModelRunner.step`` including the host-side packing that the
+decoding loop pays today. Writes OUT/model_speed.json, OUT/model_speed.md and
+OUT/step_cost.png. On a CPU the numbers describe this CPU only.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before `kernels` is imported
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels.backend import get_backend, triton_interpreted  # noqa: E402
+from models.config import ModelConfig  # noqa: E402
+from models.llama import Transformer  # noqa: E402
+from models.runner import ModelRunner, StepInput  # noqa: E402
+
+SHAPES = {
+    # Mistral-7B-v0.1 (the sliding window is longer than any context used here).
+    "mistral-7b": dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                       num_heads=32, num_kv_heads=8, max_position_embeddings=32768),
+    # The embedded default model (SmolLM2-135M).
+    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
+                         num_heads=9, num_kv_heads=3, max_position_embeddings=8192, tie_word_embeddings=True),
+    # Small enough for interpreted Triton on a CPU.
+    "tiny": dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
+                 num_kv_heads=2, max_position_embeddings=4096),
+}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def ints(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return vals
+
+
+def random_model(cfg: ModelConfig, backend, dtype: torch.dtype, device: torch.device, seed: int = 0) -> Transformer:
+    """A model of ``cfg``'s shape with small random weights, built directly on ``device``."""
+    with torch.device("meta"):
+        model = Transformer(cfg, backend).to(dtype)  # no memory yet: 7B never exists in fp32
+    model = model.to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:  # norms and biases
+                p.fill_(1.0 if "norm" in name else 0.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    from models.llama import rope_inv_freq
+    model.inv_freq = rope_inv_freq(cfg).to(device)  # buffers were left empty by to_empty
+    return model.eval()
+
+
+def weight_bytes(model: Transformer) -> int:
+    """Weight bytes one step must read: every parameter once, except an untied embedding
+    table, of which a step reads only its tokens' rows (tied: read in full as the LM head)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    if model.lm_head is not None:
+        total -= model.embed.weight.numel() * model.embed.weight.element_size()
+    return total
+
+
+def make_timer(device: torch.device, reps: int):
+    def run(fn) -> float:  # median ms
+        fn()
+        fn()  # warm-up (Triton compiles on the first call)
+        if device.type == "cuda":
+            import triton
+            return float(triton.testing.do_bench(fn, warmup=5, rep=max(20, reps * 10), return_mode="median"))
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times) * 1e3
+    return run
+
+
+def copy_bandwidth(device: torch.device, timer, nbytes: int) -> float:
+    """Device copy bandwidth in GB/s, read + write counted."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    ms = timer(lambda: dst.copy_(src))
+    return 2 * src.numel() * 4 / (ms * 1e-3) / 1e9
+
+
+def random_tree_mask(T: int, gen: torch.Generator) -> tuple[list[int], torch.Tensor]:
+    """Depths and the (T, T) visibility mask of a random tree of T nodes rooted at node 0
+    (node i's parent is drawn among 0 .. i-1, biased to recent nodes: chains with branches)."""
+    parent = [-1] + [max(0, i - 1 - int(torch.randint(0, 3, (1,), generator=gen))) for i in range(1, T)]
+    mask = torch.zeros(T, T, dtype=torch.bool)
+    depth = [0] * T
+    for i in range(T):
+        mask[i, i] = True
+        if parent[i] >= 0:
+            mask[i] |= mask[parent[i]]
+            depth[i] = depth[parent[i]] + 1
+    return depth, mask
+
+
+def setup_batch(runner: ModelRunner, batch: int, context: int) -> list[int]:
+    """``batch`` sequences with ``context`` committed tokens each (their K/V are whatever the
+    pool holds: attention cost does not depend on the values)."""
+    for s in list(runner.cache.lengths):
+        runner.free(s)
+    for s in range(batch):
+        runner.add_sequence(s)
+        runner.cache.reserve({s: context})
+        runner.cache.commit(s, context)
+    return list(range(batch))
+
+
+def measure(args) -> dict:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = DTYPES[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
+    kernel = args.kernel or ("triton" if device.type == "cuda" else "torch")
+    backend = get_backend(kernel, device)
+    cfg = ModelConfig(**SHAPES[args.shape])
+    model = random_model(cfg, backend, dtype, device)
+    max_batch = max(max(args.batch), max(args.step_batch))
+    per_seq = args.context + max(args.step_tokens) + 16
+    runner = ModelRunner(model, cache_tokens=max_batch * (per_seq + 16), block_size=16)
+    timer = make_timer(device, args.reps)
+    wbytes = weight_bytes(model)
+    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.finfo(dtype).bits // 8
+    vocab = cfg.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    copy_gbs = copy_bandwidth(device, timer, args.copy_mb << 20)
+
+    def timed(inputs: list[StepInput]) -> tuple[float, float]:
+        tokens, meta, idx = runner.prepare(inputs)
+        with torch.inference_mode():
+            fwd = timer(lambda: model(tokens, meta, runner.cache.k, runner.cache.v, idx))
+        step = timer(lambda: runner.step(inputs))
+        return fwd, step
+
+    decode = []
+    bar = _progress(len(args.batch) + len(args.step_batch) * len(args.step_tokens))
+    for b in args.batch:
+        seqs = setup_batch(runner, b, args.context)
+        inputs = [StepInput(s, [int(torch.randint(0, vocab, (1,), generator=gen))]) for s in seqs]
+        fwd, step = timed(inputs)
+        kv_bytes = b * args.context * kv_per_token
+        decode.append(dict(batch=b, context=args.context, forward_ms=fwd, step_ms=step,
+                           tok_s=b / (fwd * 1e-3), weight_gbs=wbytes / (fwd * 1e-3) / 1e9,
+                           weight_kv_gbs=(wbytes + kv_bytes) / (fwd * 1e-3) / 1e9,
+                           weight_bw_frac=wbytes / (fwd * 1e-3) / 1e9 / copy_gbs))
+        bar.update()
+
+    curve = []
+    for b in args.step_batch:
+        seqs = setup_batch(runner, b, args.context)
+        base = None
+        for T in args.step_tokens:
+            inputs = []
+            for s in seqs:
+                depth, mask = random_tree_mask(T, gen)
+                toks = torch.randint(0, vocab, (T,), generator=gen).tolist()
+                inputs.append(StepInput(s, toks, depths=depth, mask=None if T == 1 else mask))
+            fwd, step = timed(inputs)
+            base = base or (fwd, step)
+            curve.append(dict(batch=b, step_tokens=T, context=args.context, forward_ms=fwd, step_ms=step,
+                              forward_rel=fwd / base[0], step_rel=step / base[1]))
+            bar.update()
+    bar.close()
+
+    import triton
+    return dict(
+        header=dict(device=_device_name(device), dtype=str(dtype).removeprefix("torch."), kernel=kernel,
+                    triton_interpreted=kernel == "triton" and triton_interpreted(), shape=args.shape,
+                    config={k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "intermediate_size",
+                                                         "num_layers", "num_heads", "num_kv_heads", "head_dim")},
+                    weight_bytes=wbytes, copy_gbs=copy_gbs, torch=torch.__version__, triton=triton.__version__,
+                    python=platform.python_version(), command=" ".join(sys.argv)),
+        decode=decode, step_cost=curve)
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def _progress(total: int):
+    from tqdm import tqdm
+    return tqdm(total=total, desc="measurements", file=sys.stderr)
+
+
+def markdown(res: dict) -> str:
+    h = res["header"]
+    lines = [f"# Model speed: {h['shape']} (random weights)", "",
+             f"device {h['device']}, dtype {h['dtype']}, kernels {h['kernel']}"
+             f"{' (Triton interpreted: not a speed measurement)' if h['triton_interpreted'] else ''}, "
+             f"torch {h['torch']}, triton {h['triton']}; weights {h['weight_bytes'] / 1e9:.3f} GB; "
+             f"copy bandwidth {h['copy_gbs']:.0f} GB/s (read + write)", "",
+             f"`{h['command']}`", "", "## Decode (one token per sequence)", "",
+             "| batch | context | forward ms | step ms | tok/s | weight GB/s | weight+KV GB/s | weight BW / copy BW |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in res["decode"]:
+        lines.append(f"| {r['batch']} | {r['context']} | {r['forward_ms']:.3f} | {r['step_ms']:.3f} | "
+                     f"{r['tok_s']:.1f} | {r['weight_gbs']:.1f} | {r['weight_kv_gbs']:.1f} | "
+                     f"{100 * r['weight_bw_frac']:.1f}% |")
+    lines += ["", "## Step cost vs step tokens (random draft trees)", "",
+              "| batch | step tokens | forward ms | x one-token forward | step ms | x one-token step |",
+              "|---:|---:|---:|---:|---:|---:|"]
+    for r in res["step_cost"]:
+        lines.append(f"| {r['batch']} | {r['step_tokens']} | {r['forward_ms']:.3f} | {r['forward_rel']:.2f} | "
+                     f"{r['step_ms']:.3f} | {r['step_rel']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def chart(res: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for b in sorted({r["batch"] for r in res["step_cost"]}):
+        rows = [r for r in res["step_cost"] if r["batch"] == b]
+        ax.plot([r["step_tokens"] for r in rows], [r["forward_rel"] for r in rows], "o-", label=f"batch {b}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("step tokens per sequence")
+    ax.set_ylabel("forward time / one-token forward")
+    h = res["header"]
+    ax.set_title(f"{h['shape']}, {h['dtype']}, {h['kernel']} on {h['device']}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", choices=sorted(SHAPES), default=None,
+                   help="model shape (default: mistral-7b on a GPU, smollm2-135m on a CPU)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on a GPU, fp32 on a CPU")
+    p.add_argument("--kernel", choices=["triton", "torch"], default=None,
+                   help="default: triton on a GPU, torch on a CPU")
+    p.add_argument("--device", default=None)
+    p.add_argument("--batch", type=ints, default=None, help="decode batch sizes (default 1,2,4,8,16,32,64)")
+    p.add_argument("--step-tokens", type=ints, default=None, help="step sizes (default 1,2,4,...,128)")
+    p.add_argument("--step-batch", type=ints, default=None, help="batch sizes of the step-cost curve (default 1,8)")
+    p.add_argument("--context", type=int, default=512, help="committed tokens per sequence (default 512)")
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions on a CPU (default 5)")
+    p.add_argument("--copy-mb", type=int, default=None, help="buffer of the copy-bandwidth probe (default 1024 GPU, 256 CPU)")
+    p.add_argument("--quick", action="store_true", help="few small sizes (smoke test)")
+    p.add_argument("--out", default="out/model_speed")
+    args = p.parse_args(argv)
+    gpu = torch.cuda.is_available() and (args.device or "cuda").startswith("cuda")
+    args.shape = args.shape or ("mistral-7b" if gpu else "smollm2-135m")
+    if args.quick:
+        args.batch = args.batch or [1, 2]
+        args.step_tokens = args.step_tokens or [1, 4, 16]
+        args.step_batch = args.step_batch or [1, 2]
+        args.context = min(args.context, 64)
+        args.reps = min(args.reps, 2)
+        args.copy_mb = args.copy_mb or 16
+    args.batch = args.batch or [1, 2, 4, 8, 16, 32, 64]
+    args.step_tokens = args.step_tokens or [1, 2, 4, 8, 16, 32, 64, 128]
+    args.step_batch = args.step_batch or [1, 8]
+    args.copy_mb = args.copy_mb or (1024 if gpu else 256)
+    if args.context < 1:
+        p.error(f"--context must be >= 1, got {args.context}")
+    if args.reps < 1:
+        p.error(f"--reps must be >= 1, got {args.reps}")
+    if max(args.step_tokens) > 1024:
+        p.error(f"--step-tokens at most 1024 (one step's mask), got {max(args.step_tokens)}")
+
+    res = measure(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "model_speed.json").write_text(json.dumps(res, indent=1))
+    md = markdown(res)
+    (out / "model_speed.md").write_text(md)
+    chart(res, out / "step_cost.png")
+    print(md)
+    print(f"wrote {out}/model_speed.json, model_speed.md, step_cost.png")
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""bench/model_speed.py (decode bandwidth, step-cost curve) runs at a tiny shape on the CPU and
+measures what it says; ModelRunner.prepare + the forward is exactly ModelRunner.step."""
+
+import json
+
+import pytest
+import torch
+
+from bench.model_speed import SHAPES, main, random_model, random_tree_mask, weight_bytes
+from kernels.backend import get_backend
+from models.config import ModelConfig
+from models.runner import ModelRunner, StepInput
+
+
+def test_random_tree_mask_is_an_ancestor_closure():
+    gen = torch.Generator().manual_seed(3)
+    for T in (1, 2, 7, 40):
+        depth, mask = random_tree_mask(T, gen)
+        assert mask.shape == (T, T) and mask.diagonal().all()
+        assert not mask.triu(1).any()  # a node sees only earlier nodes
+        for i in range(T):
+            assert depth[i] == int(mask[i].sum()) - 1  # ancestors = depth
+            for j in range(i):  # ancestors' ancestors are visible too
+                if mask[i, j]:
+                    assert (mask[i] | ~mask[j]).all()
+
+
+def test_random_model_shape_and_weight_bytes():
+    cfg = ModelConfig(**SHAPES["tiny"])
+    model = random_model(cfg, get_backend("torch"), torch.float32, torch.device("cpu"))
+    n = sum(p.numel() for p in model.parameters()) - cfg.vocab_size * cfg.hidden_size  # untied: no table
+    assert weight_bytes(model) == 4 * n
+    assert torch.isfinite(model.inv_freq).all() and model.inv_freq.dtype == torch.float32
+    runner = ModelRunner(model, cache_tokens=64)
+    runner.add_sequence(0)
+    (logits,) = runner.step([StepInput(0, [1, 2, 3])])
+    assert logits.shape == (3, cfg.vocab_size) and torch.isfinite(logits).all()
+
+
+def test_prepare_then_forward_equals_step():
+    cfg = ModelConfig(**SHAPES["tiny"])
+    model = random_model(cfg, get_backend("torch"), torch.float32, torch.device("cpu"), seed=1)
+    runner = ModelRunner(model, cache_tokens=256)
+    for s, n in ((0, 5), (1, 9)):
+        runner.add_sequence(s)
+        runner.step([StepInput(s, list(range(1, n + 1)))])
+        runner.commit({s: list(range(n))})
+    gen = torch.Generator().manual_seed(0)
+    depth, mask = random_tree_mask(6, gen)
+    inputs = [StepInput(0, [4, 5, 6, 7, 8, 9], depths=depth, mask=mask, logits_rows=[0, 2, 5]),
+              StepInput(1, [3])]
+    tokens, meta, idx = runner.prepare(inputs)
+    with torch.inference_mode():
+        packed = model(tokens, meta, runner.cache.k, runner.cache.v, idx)
+    per_seq = runner.step(inputs)
+    assert torch.equal(torch.cat(per_seq), packed)
+    assert runner.context_len(0) == 5 and runner.context_len(1) == 9  # nothing committed
+
+
+def test_quick_run_writes_tables_and_chart(tmp_path):
+    out = tmp_path / "speed"
+    res = main(["--shape", "tiny", "--quick", "--device", "cpu", "--kernel", "torch", "--out", str(out)])
+    assert [r["batch"] for r in res["decode"]] == [1, 2]
+    assert [(r["batch"], r["step_tokens"]) for r in res["step_cost"]] == [(b, t) for b in (1, 2) for t in (1, 4, 16)]
+    for r in res["decode"]:
+        assert r["forward_ms"] > 0 and r["tok_s"] == pytest.approx(r["batch"] / (r["forward_ms"] * 1e-3))
+        assert r["weight_gbs"] == pytest.approx(res["header"]["weight_bytes"] / (r["forward_ms"] * 1e-3) / 1e9)
+    assert all(r["forward_rel"] == 1.0 for r in res["step_cost"] if r["step_tokens"] == 1)
+    assert res["header"]["copy_gbs"] > 0
+    assert json.loads((out / "model_speed.json").read_text())["header"]["shape"] == "tiny"
+    assert "Step cost" in (out / "model_speed.md").read_text()
+    assert (out / "step_cost.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_arguments_are_rejected():
+    with pytest.raises(SystemExit):
+        main(["--shape", "tiny", "--batch", "0"])
+    with pytest.raises(SystemExit):
+        main(["--shape", "tiny", "--step-tokens", "2048"])
