@@ -11,7 +11,7 @@ setup(
     install_requires=[
         # CPU machines: install torch==2.13.0 first (a local CPU build); the range below then
         # installs nothing more. GPU machines keep their own torch.
-        "torch>=2.4",
+        "torch>=2.5",  # SDPA enable_gqa
         "triton>=3.0",
         "transformers>=4.46",
         "accelerate",  # transformers needs it to load GGUF files (reference checks, --compare-hf)
