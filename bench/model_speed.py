@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.backend import get_backend, triton_interpreted  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
-from models.llama import Transformer  # noqa: E402
+from models.llama import Transformer, rope_inv_freq  # noqa: E402
 from models.runner import ModelRunner, StepInput  # noqa: E402
 
 SHAPES = {
@@ -76,7 +76,6 @@ def random_model(cfg: ModelConfig, backend, dtype: torch.dtype, device: torch.de
                 p.fill_(1.0 if "norm" in name else 0.0)
             else:
                 p.normal_(0.0, 0.02, generator=gen)
-    from models.llama import rope_inv_freq
     model.inv_freq = rope_inv_freq(cfg).to(device)  # buffers were left empty by to_empty
     return model.eval()
 
