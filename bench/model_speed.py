@@ -283,13 +283,16 @@ def main(argv=None) -> dict:
         args.step_batch = args.step_batch or [1, 2]
         args.context = min(args.context, 64)
         args.reps = min(args.reps, 2)
-        args.copy_mb = args.copy_mb or 16
+        args.copy_mb = 16 if args.copy_mb is None else args.copy_mb
     args.batch = args.batch or [1, 2, 4, 8, 16, 32, 64]
     args.step_tokens = args.step_tokens or [1, 2, 4, 8, 16, 32, 64, 128]
     args.step_batch = args.step_batch or [1, 8]
-    args.copy_mb = args.copy_mb or (1024 if gpu else 256)
+    if args.copy_mb is None:
+        args.copy_mb = 1024 if gpu else 256
     if args.context < 1:
         p.error(f"--context must be >= 1, got {args.context}")
+    if args.copy_mb < 1:
+        p.error(f"--copy-mb must be >= 1, got {args.copy_mb}")
     if args.reps < 1:
         p.error(f"--reps must be >= 1, got {args.reps}")
     if max(args.step_tokens) > 1024:

@@ -77,3 +77,5 @@ def test_bad_arguments_are_rejected():
         main(["--shape", "tiny", "--batch", "0"])
     with pytest.raises(SystemExit):
         main(["--shape", "tiny", "--step-tokens", "2048"])
+    with pytest.raises(SystemExit):
+        main(["--shape", "tiny", "--copy-mb", "0"])
