@@ -336,3 +336,31 @@ def test_bad_window_and_max_seqlen():
         tree_attention(*b.args(), max_seqlen_q=-1)
     with pytest.raises(ValueError, match="num_kv_splits"):
         tree_attention(*b.args(), num_kv_splits=0)
+
+
+def test_reference_consecutive_blocks_view_equals_gather():
+    """The reference reads consecutive blocks through a view instead of a gather: the same
+    K/V stored at consecutive blocks and at scattered ones give the same output, and both
+    equal dense attention written out by hand."""
+    g = torch.Generator().manual_seed(7)
+    H, KV, D, bs, C = 4, 2, 16, 4, 9
+    n_blk = -(-(C + 1) // bs)
+    keys = torch.randn(n_blk * bs, KV, D, generator=g)
+    vals = torch.randn(n_blk * bs, KV, D, generator=g)
+    q = torch.randn(1, H, D, generator=g)
+    outs = []
+    for table in (list(range(2, 2 + n_blk)), [5, 0, 3][:n_blk]):
+        k_cache = torch.full((6, bs, KV, D), float("nan"))
+        v_cache = torch.full((6, bs, KV, D), float("nan"))
+        for j, blk in enumerate(table):
+            k_cache[blk] = keys[j * bs:(j + 1) * bs]
+            v_cache[blk] = vals[j * bs:(j + 1) * bs]
+        outs.append(tree_attention_ref(q, k_cache, v_cache, torch.tensor([0, 1], dtype=torch.int32),
+                                       torch.tensor([C], dtype=torch.int32),
+                                       torch.tensor([table], dtype=torch.int32),
+                                       torch.tensor([C], dtype=torch.int32)))
+    k, v = keys[:C + 1].repeat_interleave(H // KV, 1), vals[:C + 1].repeat_interleave(H // KV, 1)
+    w = torch.softmax(torch.einsum("hd,lhd->hl", q[0], k) * D**-0.5, dim=-1)
+    dense = torch.einsum("hl,lhd->hd", w, v)
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+    torch.testing.assert_close(outs[0][0], dense, rtol=1e-5, atol=1e-5)
