@@ -130,12 +130,11 @@ def random_tree_mask(T: int, gen: torch.Generator) -> tuple[list[int], torch.Ten
 def setup_batch(runner: ModelRunner, batch: int, context: int) -> list[int]:
     """``batch`` sequences with ``context`` committed tokens each (their K/V are whatever the
     pool holds: attention cost does not depend on the values)."""
-    for s in list(runner.cache.lengths):
+    for s in runner.seq_ids:
         runner.free(s)
     for s in range(batch):
         runner.add_sequence(s)
-        runner.cache.reserve({s: context})
-        runner.cache.commit(s, context)
+        runner.assume_context(s, context)
     return list(range(batch))
 
 

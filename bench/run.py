@@ -117,7 +117,7 @@ def make_method(name, args, draft_model):
         return make_proposer(name, config=PromptLookupConfig(max_ngram=max_n, num_draft=k))
     if name in ("lookahead", "lookahead+pld"):
         pld = PromptLookupConfig(max_ngram=max_n, num_draft=k, num_candidates=args.pld_candidates)
-        cfg = LookaheadConfig(window=W, ngram=N, guesses=G, with_pld=name == "lookahead+pld", pld=pld, budget=budget)
+        cfg = LookaheadConfig(window=W, ngram=N, guesses=G, pld=pld, budget=budget)
         return make_proposer(name, config=cfg)
     if name == "draft":
         return make_proposer(name, draft_model=draft_model, config=DraftModelConfig())

@@ -9,12 +9,12 @@ from typing import Optional
 import torch
 
 from decoding.budget import AdaptiveDepth, BudgetConfig
-from decoding.generate import Proposer, Sequence, make_runner
-from decoding.sampling import probs_from_logits, sample
+from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
+from decoding.sampling import SamplingParams, probs_from_logits, sample
 from decoding.tree import DRAFT, StepTree
 from decoding.verify import verify_draft_model
 from models.llama import Transformer
-from models.runner import StepInput
+from models.runner import ModelRunner, StepInput
 
 
 @dataclass(slots=True)
@@ -27,41 +27,62 @@ class DraftModelConfig:
             raise ValueError(f"num_draft (draft length) must be >= 1, got {self.num_draft}")
 
 
-class DraftModel(Proposer):
+def draft_cache_keep(cached: int, history_len: int, new_tokens: int, accepted: int) -> int:
+    """How many tokens of the draft model's cache still agree with the sequence after a step.
+
+    The draft cache held ``cached`` tokens: the history before the step, then the draft chain
+    but its last token. The step accepted ``accepted`` chain tokens and the sequence gained
+    ``new_tokens`` (now ``history_len`` tokens). The old history and the accepted chain
+    tokens agree; what follows does not, and the newest token is never cached yet."""
+    return min(cached, history_len - 1, history_len - new_tokens + accepted)
+
+
+@dataclass(eq=False, kw_only=True)
+class DraftState(SeqState):
+    cached: int = 0  # tokens of this sequence in the draft model's cache (a prefix of tokens)
+    q: Optional[torch.Tensor] = None  # (k, V) the draft distributions of the chain just proposed
+    depth: AdaptiveDepth
+
+
+class DraftModel(Proposer[DraftState]):
     name = "draft"
+    State = DraftState
 
     def __init__(self, draft: Transformer, cfg: Optional[DraftModelConfig] = None):
         self.draft, self.cfg = draft, cfg or DraftModelConfig()
+        self.runner: Optional[ModelRunner] = None  # the draft model's own cache, per generate call
+        self.sampling = SamplingParams()
 
-    def start(self, seqs, runner, sampling):
-        target = runner.model.cfg
-        if self.draft.cfg.vocab_size != target.vocab_size:
+    def init_state(self, base: SeqState) -> DraftState:
+        return DraftState(**base.seq_fields(), depth=AdaptiveDepth(self.cfg.budget))
+
+    def begin(self, states: list[DraftState], ctx: Context) -> None:
+        if self.draft.cfg.vocab_size != ctx.vocab_size:
             raise ValueError(f"draft model vocabulary ({self.draft.cfg.vocab_size} tokens) differs from the "
-                             f"target's ({target.vocab_size}): the two models must share a tokenizer")
-        self.sampling = sampling
-        max_new = max(s.max_new_tokens for s in seqs)
-        self.drunner = make_runner(self.draft, [s.prompt for s in seqs], max_new, self.cfg.num_draft + 1)
-        for s in seqs:
-            self.drunner.add_sequence(s.sid)
-            s.state.update(done=0, budget=AdaptiveDepth(self.cfg.budget), q=None)
+                             f"target's ({ctx.vocab_size}): the two models must share a tokenizer")
+        self.sampling = ctx.sampling
+        self.runner = ModelRunner.for_batch(self.draft, [s.prompt for s in states], ctx.max_new_tokens,
+                                            self.cfg.num_draft + 1)
+        for s in states:
+            self.runner.add_sequence(s.sid)
 
     @torch.inference_mode()
-    def propose(self, seqs: list[Sequence], max_depth: list[int]) -> list[StepTree]:
-        k = [s.state["budget"].depth(min(d, self.cfg.num_draft)) for s, d in zip(seqs, max_depth)]
-        chains = {s.sid: [] for s in seqs}
-        qs = {s.sid: [] for s in seqs}
+    def propose(self, states: list[DraftState], budgets: list[Budget], ctx: Context) -> list[StepTree]:
+        want = {s.sid: s.depth.depth(min(b.max_depth, b.max_nodes, self.cfg.num_draft))
+                for s, b in zip(states, budgets)}
+        chains = {s.sid: [] for s in states}
+        qs = {s.sid: [] for s in states}
+        by_sid = {s.sid: s for s in states}
         # feed what the draft cache lacks (at least the root), then one token per draft step
-        feed = {s.sid: s.history[s.state["done"]:] for s, kk in zip(seqs, k) if kk > 0}
-        want = {s.sid: kk for s, kk in zip(seqs, k)}
-        by_sid = {s.sid: s for s in seqs}
+        feed = {s.sid: s.tokens[s.cached:] for s in states if want[s.sid] > 0}
         while feed:
             sids = list(feed)
-            outs = self.drunner.step([StepInput(sid, feed[sid], logits_rows=[len(feed[sid]) - 1]) for sid in sids])
-            self.drunner.commit({sid: list(range(len(feed[sid]))) for sid in sids})
+            outs = self.runner.step([StepInput(sid, feed[sid], logits_rows=[len(feed[sid]) - 1]) for sid in sids])
+            self.runner.commit({sid: list(range(len(feed[sid]))) for sid in sids})
             nxt = {}
             for sid, logits in zip(sids, outs):
                 s = by_sid[sid]
-                s.state["done"] += len(feed[sid])
+                s.cached += len(feed[sid])
                 q = probs_from_logits(logits, self.sampling)[0]
                 tok = int(q.argmax()) if self.sampling.greedy else sample(q, s.generator)
                 chains[sid].append(tok)
@@ -70,31 +91,27 @@ class DraftModel(Proposer):
                     nxt[sid] = [tok]
             feed = nxt
         trees = []
-        for s in seqs:
+        for s in states:
             tree = StepTree.root(s.root)
             tree.add_chain(chains[s.sid], DRAFT)
-            s.state["q"] = torch.stack(qs[s.sid]) if qs[s.sid] else None
+            s.q = torch.stack(qs[s.sid]) if qs[s.sid] else None
             trees.append(tree)
         return trees
 
-    def verify_sampling(self, seq, tree, probs):
-        chain = tree.tokens[1:]
-        p = torch.stack([probs[n] for n in range(len(tree))])  # (k + 1, V): the chain's nodes in order
-        if not chain:
-            return [0], sample(p[0], seq.generator)
-        n_ok, token = verify_draft_model(chain, p, seq.state["q"], seq.generator)
+    def verify(self, state, tree, logits, rows, sampling):
+        if sampling.greedy or len(tree) == 1:
+            return super().verify(state, tree, logits, rows, sampling)
+        p = probs_from_logits(logits[[rows[n] for n in range(len(tree))]], sampling)  # (k + 1, V) chain order
+        n_ok, token = verify_draft_model(tree.tokens[1:], p, state.q[:len(tree) - 1], state.generator)
         return list(range(n_ok + 1)), token
 
-    def observe(self, seq, tree, rows, logits, path, new_tokens):
-        seq.state["budget"].update(len(path) - 1, len(path) < len(tree))
-        # the draft cache holds the old history plus the chain minus its last token; keep
-        # only what still agrees with the sequence
-        keep = min(seq.state["done"], len(seq.history) - 1)
-        agree = len(seq.prompt) + len(seq.output) - len(new_tokens) + len(path) - 1
-        keep = min(keep, agree)
-        if keep < seq.state["done"]:
-            self.drunner.cache.truncate(seq.sid, keep)
-            seq.state["done"] = keep
+    def update(self, state: DraftState, outcome: Outcome) -> None:
+        state.depth.update(outcome.accepted, outcome.rejected)
+        keep = draft_cache_keep(state.cached, len(state.tokens), len(outcome.new_tokens), outcome.accepted)
+        if keep < state.cached:
+            self.runner.truncate(state.sid, keep)
+            state.cached = keep
 
-    def finish(self, seq):
-        self.drunner.free(seq.sid)
+    def end(self, state: SeqState) -> None:
+        if self.runner is not None and self.runner.has_sequence(state.sid):
+            self.runner.free(state.sid)

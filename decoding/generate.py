@@ -4,82 +4,20 @@ Per step every active sequence gets a ``StepTree`` from the method's proposer (r
 last token, candidate nodes, maybe private lookahead-window nodes); all trees go through
 the model in ONE forward; each sequence then accepts its own number of tokens, commits
 their K/V, and stops on EOS (inside an accepted draft too) or at exactly max_new_tokens.
+The contract between this loop and a method is in ``decoding/proposer.py``.
 """
 
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
+from decoding.proposer import Budget, Context, Outcome, Proposer, Sequence, SeqState
 from decoding.sampling import SamplingParams, probs_from_logits, sample
-from decoding.tree import SOURCE_NAMES, StepTree
-from decoding.verify import verify_greedy, verify_sampling
+from decoding.stats import SeqStats
+from decoding.tree import StepTree
 from models.llama import Transformer
 from models.runner import ModelRunner, StepInput
-
-
-@dataclass
-class SeqStats:
-    forwards: int = 0  # model calls after prefill this sequence took part in
-    step_tokens: int = 0  # query tokens it put into those forwards
-    accepted_hist: Counter = field(default_factory=Counter)  # tokens gained per step -> count
-    proposed: Counter = field(default_factory=Counter)  # draft tokens per source branch
-    accepted: Counter = field(default_factory=Counter)  # accepted draft tokens per source branch
-
-    def as_dict(self) -> dict:
-        return {"forwards": self.forwards, "step_tokens": self.step_tokens,
-                "accepted_hist": dict(sorted(self.accepted_hist.items())),
-                "proposed": dict(self.proposed), "accepted": dict(self.accepted)}
-
-
-@dataclass
-class Sequence:
-    sid: int
-    prompt: list[int]
-    max_new_tokens: int
-    generator: Optional[torch.Generator]
-    output: list[int] = field(default_factory=list)
-    finish: Optional[str] = None  # "eos" | "length"
-    stats: SeqStats = field(default_factory=SeqStats)
-    state: dict = field(default_factory=dict)  # the proposer's per-sequence state
-
-    @property
-    def history(self) -> list[int]:
-        return self.prompt + self.output
-
-    @property
-    def root(self) -> int:
-        return self.output[-1]
-
-    @property
-    def remaining(self) -> int:
-        return self.max_new_tokens - len(self.output)
-
-
-class Proposer:
-    """Fills the step of each sequence. The base class is plain autoregressive decoding."""
-
-    name = "ar"
-
-    def start(self, seqs: list[Sequence], runner: ModelRunner, sampling: SamplingParams) -> None:
-        """Called once after prefill, with every sequence of the batch."""
-
-    def propose(self, seqs: list[Sequence], max_depth: list[int]) -> list[StepTree]:
-        """One tree per active sequence; candidates may not go deeper than max_depth[i]."""
-        return [StepTree.root(s.root) for s in seqs]
-
-    def verify_sampling(self, seq: Sequence, tree: StepTree, probs: dict[int, torch.Tensor]) -> tuple[list[int], int]:
-        """Sampling verification; one-hot drafts by default (recursive rejection)."""
-        return verify_sampling(tree, probs, seq.generator)
-
-    def observe(self, seq: Sequence, tree: StepTree, rows: list[int], logits: torch.Tensor,
-                path: list[int], new_tokens: list[int]) -> None:
-        """After verification: ``logits[j]`` belongs to node ``rows[j]``; ``path`` the accepted
-        nodes (root first); ``new_tokens`` what the sequence gained this step."""
-
-    def finish(self, seq: Sequence) -> None:
-        """The sequence is done (free per-sequence resources)."""
 
 
 @dataclass
@@ -106,56 +44,12 @@ def check_prompts(prompts: list[list[int]], max_new_tokens: int, context: int, v
             raise ValueError(f"prompt {i}: token ids must be in [0, {vocab}), got {bad[:3]}")
 
 
-def _append(seq: Sequence, tokens: list[int], eos: set[int]) -> list[int]:
-    """Append until EOS (kept) or max_new_tokens; returns what was appended."""
-    added = []
-    for t in tokens:
-        if seq.remaining <= 0:
-            break
-        seq.output.append(t)
-        added.append(t)
-        if t in eos:
-            seq.finish = "eos"
-            break
-    if seq.finish is None and seq.remaining <= 0:
-        seq.finish = "length"
-    return added
-
-
-def _prefill(runner: ModelRunner, seqs: list[Sequence], chunk: int) -> dict[int, torch.Tensor]:
-    """Causal steps over the prompts, ``chunk`` tokens per sequence per forward; returns the
-    last prompt row's logits of each sequence."""
-    last, offset = {}, {s.sid: 0 for s in seqs}
-    pending = list(seqs)
-    while pending:
-        inputs, ends = [], []
-        for s in pending:
-            piece = s.prompt[offset[s.sid]:offset[s.sid] + chunk]
-            end = offset[s.sid] + len(piece) == len(s.prompt)
-            inputs.append(StepInput(s.sid, piece, logits_rows=[len(piece) - 1] if end else []))
-            ends.append(end)
-        outs = runner.step(inputs)
-        runner.commit({inp.seq_id: list(range(len(inp.tokens))) for inp in inputs})
-        for s, inp, out, end in zip(pending, inputs, outs, ends):
-            offset[s.sid] += len(inp.tokens)
-            if end:
-                last[s.sid] = out[0]
-        pending = [s for s in pending if offset[s.sid] < len(s.prompt)]
-    return last
-
-
-def make_runner(model: Transformer, prompts: list[list[int]], max_new_tokens: int, max_step_tokens: int = 256,
-                block_size: int = 16) -> ModelRunner:
-    """A runner whose cache fits the batch in the worst case, so generation cannot run out."""
-    need = sum(-(-(len(p) + max_new_tokens + max_step_tokens) // block_size) for p in prompts)
-    return ModelRunner(model, cache_tokens=need * block_size, block_size=block_size)
-
-
 @torch.inference_mode()
 def generate(
     model: Transformer,
     prompts: list[list[int]],
     proposer: Optional[Proposer] = None,
+    *,
     max_new_tokens: int = 128,
     sampling: Optional[SamplingParams] = None,
     eos_token_ids: Optional[tuple[int, ...]] = None,
@@ -175,87 +69,119 @@ def generate(
     check_prompts(prompts, max_new_tokens, model.cfg.max_position_embeddings, model.cfg.vocab_size)
     if prefill_chunk < 1:
         raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
-    runner = runner or make_runner(model, prompts, max_new_tokens)
-
-    seqs = []
-    for i, p in enumerate(prompts):
-        gen = None
-        if sampling.seed is not None:
-            gen = torch.Generator().manual_seed(sampling.seed * 1_000_003 + i)
-        seqs.append(Sequence(sid=i, prompt=[int(t) for t in p], max_new_tokens=max_new_tokens, generator=gen))
-    results = [None] * len(seqs)
+    runner = runner or ModelRunner.for_batch(model, prompts, max_new_tokens)
+    seqs = [Sequence(SeqState(i, [int(t) for t in p], len(p), _generator(sampling, i)), max_new_tokens)
+            for i, p in enumerate(prompts)]
     if max_new_tokens == 0:
-        return [GenerationResult([], "length", len(s.prompt), s.stats) for s in seqs]
-
-    added = []
+        return [GenerationResult([], "length", len(s.state.tokens), s.stats) for s in seqs]
+    ctx = Context(backend=model.backend, device=runner.device, max_context=runner.max_context,
+                  vocab_size=model.cfg.vocab_size, max_new_tokens=max_new_tokens, sampling=sampling)
+    batch = _Batch(runner, proposer, seqs)
     try:
-        for s in seqs:
-            runner.add_sequence(s.sid)
-            added.append(s.sid)
-        last = _prefill(runner, seqs, prefill_chunk)
-        for s in seqs:
-            probs = probs_from_logits(last[s.sid][None], sampling)[0]
-            first = int(probs.argmax()) if sampling.greedy else sample(probs, s.generator)
-            _append(s, [first], eos)
-        proposer.start(seqs, runner, sampling)
-        bar = None
-        if progress:
-            from tqdm import tqdm
-            bar = tqdm(total=sum(s.max_new_tokens for s in seqs), desc=f"generate[{proposer.name}]", leave=False)
-            bar.update(len(seqs))
-        while True:
-            active = [s for s in seqs if s.finish is None]
-            for s in seqs:
-                if s.finish is not None and results[s.sid] is None:
-                    results[s.sid] = GenerationResult(list(s.output), s.finish, len(s.prompt), s.stats)
-                    proposer.finish(s)
-                    runner.free(s.sid)
-                    added.remove(s.sid)
-            if not active:
-                break
-            # a step gains at most depth + 1 tokens; check_prompts keeps them inside the context
-            max_depth = [s.remaining - 1 for s in active]
-            trees = proposer.propose(active, max_depth)
-            inputs, rows_of = [], []
-            for s, tree in zip(active, trees):
-                rows = [i for i in range(len(tree)) if tree.candidate[i] or i in tree.extra_logits]
-                rows_of.append(rows)
-                mask = None if tree.is_chain() else tree.mask()
-                inputs.append(StepInput(s.sid, tree.tokens, tree.depths, mask, rows))
-            outs = runner.step(inputs)
-            commits, gained = {}, []
-            for s, tree, rows, logits in zip(active, trees, rows_of, outs):
-                row_index = {node: j for j, node in enumerate(rows)}
-                if sampling.greedy:
-                    nxt = logits.argmax(-1).tolist()
-                    path, bonus = verify_greedy(tree, {node: nxt[j] for node, j in row_index.items()})
-                else:
-                    cand_rows = [j for node, j in row_index.items() if tree.candidate[node]]
-                    probs = probs_from_logits(logits[cand_rows], sampling)
-                    by_node = {rows[j]: probs[k] for k, j in enumerate(cand_rows)}
-                    path, bonus = proposer.verify_sampling(s, tree, by_node)
-                commits[s.sid] = path
-                gained.append((path, [tree.tokens[n] for n in path[1:]] + [bonus]))
-            runner.commit(commits)
-            for s, tree, rows, logits, (path, new) in zip(active, trees, rows_of, outs, gained):
-                st = s.stats
-                st.forwards += 1
-                st.step_tokens += len(tree)
-                for node in range(1, len(tree)):
-                    if tree.candidate[node]:
-                        for bit, name in SOURCE_NAMES.items():
-                            if tree.sources[node] & bit:
-                                st.proposed[name] += 1
-                                if node in path:
-                                    st.accepted[name] += 1
-                new = _append(s, new, eos)
-                st.accepted_hist[len(new)] += 1
-                proposer.observe(s, tree, rows, logits, path, new)
-                if bar is not None:
-                    bar.update(len(new))
-        if bar is not None:
-            bar.close()
+        batch.prefill(prefill_chunk, sampling, eos)
+        proposer.begin([s.state for s in seqs], ctx)
+        bar = _progress_bar(progress, proposer.name, seqs)
+        while active := batch.retire_finished():
+            outcomes = decode_step(runner, proposer, active, ctx, eos)
+            for s, o in zip(active, outcomes):
+                s.stats.record(o)
+            bar.update(sum(len(o.new_tokens) for o in outcomes))
+        bar.close()
     finally:
-        for sid in added:  # an error mid-way must not leak cache blocks of a shared runner
-            runner.free(sid)
-    return results
+        batch.release()  # an error mid-way must not leak cache blocks of a shared runner
+    return batch.results
+
+
+def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence], ctx: Context,
+                eos: set[int]) -> list[Outcome]:
+    """One step of every active sequence: propose -> forward -> verify -> commit -> update."""
+    states = [s.state for s in active]
+    trees = proposer.propose(states, [Budget(max_depth=s.remaining - 1) for s in active], ctx)
+    rows = [{node: j for j, node in enumerate(t.logit_nodes())} for t in trees]
+    logits = runner.step([_step_input(st.sid, t, list(r)) for st, t, r in zip(states, trees, rows)])
+    verdicts = [proposer.verify(st, t, lg, r, ctx.sampling) for st, t, lg, r in zip(states, trees, logits, rows)]
+    runner.commit({st.sid: path for st, (path, _) in zip(states, verdicts)})
+    outcomes = []
+    for s, t, lg, r, (path, bonus) in zip(active, trees, logits, rows, verdicts):
+        new = s.append([t.tokens[n] for n in path[1:]] + [bonus], eos)
+        outcomes.append(Outcome(tree=t, path=path, new_tokens=new, logits=lg, rows=r, sent=len(t)))
+        proposer.update(s.state, outcomes[-1])
+    return outcomes
+
+
+def _step_input(sid: int, tree: StepTree, logit_rows: list[int]) -> StepInput:
+    return StepInput(sid, tree.tokens, tree.depths, None if tree.is_chain() else tree.mask(), logit_rows)
+
+
+def _generator(sampling: SamplingParams, index: int) -> Optional[torch.Generator]:
+    if sampling.seed is None:
+        return None
+    return torch.Generator().manual_seed(sampling.seed * 1_000_003 + index)
+
+
+class _Batch:
+    """The batch's sequences in the runner's cache: prefill, retiring finished sequences, and
+    giving back whatever is left when generation stops (normally or by an error)."""
+
+    def __init__(self, runner: ModelRunner, proposer: Proposer, seqs: list[Sequence]):
+        self.runner, self.proposer, self.seqs = runner, proposer, seqs
+        self.results: list[Optional[GenerationResult]] = [None] * len(seqs)
+        self.live: list[Sequence] = []
+        for s in seqs:
+            runner.add_sequence(s.state.sid)
+            self.live.append(s)
+
+    def prefill(self, chunk: int, sampling: SamplingParams, eos: set[int]) -> None:
+        """Causal steps over the prompts, ``chunk`` tokens per sequence per forward, then the
+        first token of each sequence from its last prompt row."""
+        done = {s.state.sid: 0 for s in self.seqs}
+        pending = list(self.seqs)
+        while pending:
+            inputs = []
+            for s in pending:
+                start = done[s.state.sid]
+                piece = s.state.tokens[start:start + chunk]
+                last = start + len(piece) == s.state.prompt_len
+                inputs.append(StepInput(s.state.sid, piece, logits_rows=[len(piece) - 1] if last else []))
+            outs = self.runner.step(inputs)
+            self.runner.commit({inp.seq_id: list(range(len(inp.tokens))) for inp in inputs})
+            for s, inp, out in zip(pending, inputs, outs):
+                done[s.state.sid] += len(inp.tokens)
+                if done[s.state.sid] == s.state.prompt_len:
+                    probs = probs_from_logits(out, sampling)[0]
+                    s.append([int(probs.argmax()) if sampling.greedy else sample(probs, s.state.generator)], eos)
+                    s.state = self.proposer.init_state(s.state)
+            pending = [s for s in pending if done[s.state.sid] < s.state.prompt_len]
+
+    def retire_finished(self) -> list[Sequence]:
+        """Record and free the sequences that finished; return the active ones."""
+        for s in [s for s in self.live if s.finish is not None]:
+            self.results[s.state.sid] = GenerationResult(s.output, s.finish, s.state.prompt_len, s.stats)
+            self._drop(s)
+        return list(self.live)
+
+    def release(self) -> None:
+        for s in list(self.live):
+            self._drop(s)
+
+    def _drop(self, s: Sequence) -> None:
+        self.live.remove(s)
+        self.proposer.end(s.state)
+        self.runner.free(s.state.sid)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(on: bool, name: str, seqs: list[Sequence]):
+    if not on:
+        return _NoBar()
+    from tqdm import tqdm
+    bar = tqdm(total=sum(s.max_new_tokens for s in seqs), desc=f"generate[{name}]", leave=False)
+    bar.update(len(seqs))  # the first tokens came from the prefill
+    return bar

@@ -6,7 +6,7 @@ whose prefix is right is right for good, so a step never gains less than plain d
 from dataclasses import dataclass, field
 
 from decoding.budget import AdaptiveDepth, BudgetConfig
-from decoding.generate import Proposer, Sequence
+from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
 from decoding.tree import JACOBI, StepTree
 
 
@@ -20,32 +20,49 @@ class JacobiConfig:
             raise ValueError(f"window (guessed tokens) must be >= 1, got {self.window}")
 
 
-class Jacobi(Proposer):
+def initial_guess(prompt: list[int], window: int) -> list[int]:
+    """The prompt's tail, repeated to ``window`` tokens (any guess converges; this one is free)."""
+    tail = prompt[-window:]
+    return (tail * window)[:window]
+
+
+def next_guess(chain_preds: list[int], accepted: int, root: int, window: int) -> list[int]:
+    """The next Jacobi iterate. ``chain_preds[j]`` is the model's prediction after chain node
+    j (node 0 = the old root), a guess for position j + 1; after ``accepted`` draft tokens the
+    new ``root`` (the step's last token) sits at position accepted + 1. What follows it is
+    guessed by ``chain_preds[accepted + 1:]``, padded with its last token (the root when
+    nothing is left) to ``window`` tokens."""
+    fresh = chain_preds[accepted + 1:]
+    fill = fresh[-1:] or [root]
+    return (fresh + fill * window)[:window]
+
+
+@dataclass(eq=False, kw_only=True)
+class JacobiState(SeqState):
+    guess: list[int]  # the current guess of the tokens after the root
+    depth: AdaptiveDepth
+
+
+class Jacobi(Proposer[JacobiState]):
     name = "jacobi"
+    State = JacobiState
 
     def __init__(self, cfg: JacobiConfig | None = None):
         self.cfg = cfg or JacobiConfig()
 
-    def start(self, seqs, runner, sampling):
-        for s in seqs:
-            # first guess: the prompt's tail (any guess converges; this one costs nothing)
-            tail = s.prompt[-self.cfg.window:]
-            s.state["guess"] = (tail * self.cfg.window)[:self.cfg.window]
-            s.state["jacobi_budget"] = AdaptiveDepth(self.cfg.budget)
+    def init_state(self, base: SeqState) -> JacobiState:
+        return JacobiState(**base.seq_fields(), guess=initial_guess(base.prompt, self.cfg.window),
+                           depth=AdaptiveDepth(self.cfg.budget))
 
-    def propose(self, seqs: list[Sequence], max_depth: list[int]) -> list[StepTree]:
+    def propose(self, states: list[JacobiState], budgets: list[Budget], ctx: Context) -> list[StepTree]:
         trees = []
-        for s, d in zip(seqs, max_depth):
+        for s, b in zip(states, budgets):
             tree = StepTree.root(s.root)
-            tree.add_chain(s.state["guess"][:s.state["jacobi_budget"].depth(d)], JACOBI)
+            tree.add_chain(s.guess[:s.depth.depth(min(b.max_depth, b.max_nodes))], JACOBI)
             trees.append(tree)
         return trees
 
-    def observe(self, seq, tree, rows, logits, path, new_tokens):
-        # The chain's predictions after the accepted point are the next iterate of the guess:
-        # node j predicts position j + 1; the new root sits at position len(path).
-        preds = logits.argmax(-1).tolist()  # rows == every node of a chain
-        fresh = preds[len(path):]
-        fill = fresh[-1:] or [seq.root]
-        seq.state["guess"] = (fresh + fill * self.cfg.window)[:self.cfg.window]
-        seq.state["jacobi_budget"].update(len(path) - 1, len(path) < len(tree))
+    def update(self, state: JacobiState, outcome: Outcome) -> None:
+        chain = sorted(outcome.rows)  # a chain: node j sits at depth j
+        state.guess = next_guess(outcome.argmax(chain), outcome.accepted, state.root, self.cfg.window)
+        state.depth.update(outcome.accepted, outcome.rejected)

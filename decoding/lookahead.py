@@ -1,5 +1,5 @@
 """Lookahead decoding (Fu et al. 2024, "Break the Sequential Dependency of LLM Inference
-Using Lookahead Decoding"), optionally joined with prompt lookup.
+Using Lookahead Decoding"), optionally joined with prompt lookup (``LookaheadPLD``).
 
 One forward per step carries two branches under the sequence's last token (the root):
   * the lookahead branch: a 2D window of N - 1 levels x W columns of Jacobi guesses. Level 0
@@ -9,7 +9,7 @@ One forward per step carries two branches under the sequence's last token (the r
         (L0[c], L1[c], ..., L_{N-2}[c], new[c])   (L0[0] is the root)
     for the pool, and becomes the newest level (the window slides down one level per step).
   * the verification branch: n-grams from the pool whose first token is the root (up to G,
-    most recent first), plus prompt-lookup continuations with ``with_pld``, merged into one
+    most recent first), plus prompt-lookup continuations in ``LookaheadPLD``, merged into one
     trie with the root and verified exactly like any draft tree.
 The branches are blind to each other (see decoding/tree.py), so the window never changes
 what is accepted. Warm-up: the window starts from prompt tokens, and a column's n-gram
@@ -17,12 +17,13 @@ enters the pool only once all its levels were produced by the model.
 """
 
 import random
-from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 from decoding.budget import AdaptiveDepth, BudgetConfig
-from decoding.generate import Proposer, Sequence
+from decoding.ngram_pool import NgramPool
 from decoding.prompt_lookup import PromptLookupConfig, lookup_candidates
+from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
 from decoding.tree import PLD, POOL, WINDOW, StepTree
 
 
@@ -33,7 +34,6 @@ class LookaheadConfig:
     guesses: int = 7  # G: n-grams kept per first token (LRU) and verified per step
     pool_from_prompt: bool = True  # seed the pool with the prompt's n-grams
     pool_from_output: bool = True  # add the n-grams of accepted output to the pool
-    with_pld: bool = False  # also verify prompt-lookup candidates in the same trie
     # prompt lookup inside lookahead+pld: a tree of up to 4 distinct continuations (tuned on the dev split)
     pld: PromptLookupConfig = field(default_factory=lambda: PromptLookupConfig(num_candidates=4))
     max_verify: int = 64  # most candidate nodes verified per step (after trie merging)
@@ -55,118 +55,115 @@ class LookaheadConfig:
             raise ValueError(f"window_shift must be 'one' or 'accepted', got {self.window_shift!r}")
 
 
-class NgramPool:
-    """n-grams keyed by their first token; at most ``capacity`` per key, least recently
-    added or refreshed dropped first."""
-
-    def __init__(self, n: int, capacity: int):
-        self.n, self.capacity = n, capacity
-        self.table: dict[int, OrderedDict] = {}
-
-    def add(self, ngram) -> None:
-        if self.capacity == 0 or len(ngram) != self.n:
-            return
-        slot = self.table.setdefault(ngram[0], OrderedDict())
-        rest = tuple(ngram[1:])
-        if rest in slot:
-            slot.move_to_end(rest)
-        else:
-            slot[rest] = None
-            if len(slot) > self.capacity:
-                slot.popitem(last=False)
-
-    def add_all(self, tokens: list[int], start: int = 0) -> None:
-        """Every n-gram of ``tokens`` that ends at index >= start + n - 1."""
-        for i in range(max(0, start - self.n + 1), len(tokens) - self.n + 1):
-            self.add(tokens[i:i + self.n])
-
-    def get(self, key: int) -> list[tuple]:
-        """Continuations (n - 1 tokens) after ``key``, most recent first."""
-        slot = self.table.get(key)
-        return list(reversed(slot)) if slot else []
-
-    def __len__(self) -> int:
-        return sum(len(s) for s in self.table.values())
+# ---- the window, as pure functions over token lists ----------------------------------------
+def harvest(root: int, levels: list[list[int]], real: list[list[bool]], new: list[int]) -> list[tuple[int, ...]]:
+    """The n-grams the window closed this step: column c gives
+    (L0[c], L1[c], ..., L_{N-2}[c], new[c]) with L0[0] = the root, if every level of it that
+    the model produced is real (level 0 of column 0 is the root itself, always real)."""
+    out = []
+    for c, tip in enumerate(new):
+        if all(real[j][c] for j in range(1 if c == 0 else 0, len(levels))):
+            first = root if c == 0 else levels[0][c]
+            out.append((first, *(levels[j][c] for j in range(1, len(levels))), tip))
+    return out
 
 
-class Lookahead(Proposer):
+def slide(levels: list[list[int]], real: list[list[bool]], new: list[int], skip: int,
+          draw: Callable[[], int]) -> tuple[list[list[int]], list[list[bool]]]:
+    """The window one step later: the oldest level drops out and ``new`` (the tips'
+    predictions, all real) becomes the newest. With ``skip`` > 0 (the root moved ``skip``
+    positions more than one) every level also drops its first ``skip`` columns and refills
+    its end with ``draw()`` tokens (level by level, left to right), marked not real."""
+    W = len(new)
+    levels, real = levels[1:] + [list(new)], real[1:] + [[True] * W]
+    if skip > 0:
+        levels = [(lv[skip:] + [draw() for _ in range(min(skip, W))])[:W] for lv in levels]
+        real = [(r[skip:] + [False] * W)[:W] for r in real]
+    return levels, real
+
+
+@dataclass(eq=False, kw_only=True)
+class LookaheadState(SeqState):
+    levels: list[list[int]]  # (N - 1, W) window tokens; levels[0][0] stands for the root
+    real: list[list[bool]]  # (N - 1, W) produced by the model (not drawn from the history)
+    pool: NgramPool
+    rng: random.Random  # draws window tokens from the history
+    depth: AdaptiveDepth
+    tips: Optional[list[int]] = None  # the window's last node per column in the step just proposed
+
+
+class Lookahead(Proposer[LookaheadState]):
     name = "lookahead"
+    State = LookaheadState
 
     def __init__(self, cfg: LookaheadConfig | None = None):
         self.cfg = cfg or LookaheadConfig()
-        if self.cfg.with_pld:
-            self.name = "lookahead+pld"
 
-    def start(self, seqs, runner, sampling):
+    def init_state(self, base: SeqState) -> LookaheadState:
         cfg = self.cfg
-        self.runner, self.backend = runner, runner.model.backend
-        W, N = cfg.window, cfg.ngram
-        for s in seqs:
-            rng = random.Random(cfg.seed * 1_000_003 + s.sid)
-            levels = [[rng.choice(s.prompt) for _ in range(W)] for _ in range(N - 1)]
-            pool = NgramPool(N, cfg.guesses)
-            if cfg.pool_from_prompt:
-                pool.add_all(s.prompt)
-            s.state.update(levels=levels, real=[[False] * W for _ in range(N - 1)], pool=pool, tips=None,
-                           la_budget=AdaptiveDepth(cfg.budget), rng=rng)
+        rng = random.Random(cfg.seed * 1_000_003 + base.sid)
+        prompt = base.prompt
+        levels = [[rng.choice(prompt) for _ in range(cfg.window)] for _ in range(cfg.ngram - 1)]
+        pool = NgramPool(cfg.ngram, cfg.guesses)
+        if cfg.pool_from_prompt:
+            pool.add_all(prompt)
+        return LookaheadState(**base.seq_fields(), levels=levels, real=[[False] * cfg.window for _ in levels],
+                              pool=pool, rng=rng, depth=AdaptiveDepth(cfg.budget))
 
-    def propose(self, seqs: list[Sequence], max_depth: list[int]) -> list[StepTree]:
+    def extra_chains(self, states: list[LookaheadState], depth: list[int], ctx: Context) -> list[list[list[int]]]:
+        """Candidate chains merged before the pool's n-grams (none here; PLD in LookaheadPLD)."""
+        return [[] for _ in states]
+
+    def propose(self, states: list[LookaheadState], budgets: list[Budget], ctx: Context) -> list[StepTree]:
         cfg = self.cfg
         W, N = cfg.window, cfg.ngram
-        depth = [s.state["la_budget"].depth(d) for s, d in zip(seqs, max_depth)]
-        pld = [[] for _ in seqs]
-        todo = [i for i, d in enumerate(depth) if d > 0]
-        if cfg.with_pld and todo:
-            found = lookup_candidates(self.backend, [seqs[i].history for i in todo], cfg.pld, self.runner.device)
-            for i, chains in zip(todo, found):
-                pld[i] = chains
+        depth = [s.depth.depth(b.max_depth) for s, b in zip(states, budgets)]
+        extra = self.extra_chains(states, depth, ctx)
         trees = []
-        for s, d, pld_chains in zip(seqs, depth, pld):
+        for s, d, b, chains in zip(states, depth, budgets, extra):
             tree = StepTree.root(s.root)
-            if d > 0:  # verification branch: one trie for PLD chains (first) and pool n-grams
-                for chain in pld_chains:
-                    tree.add_chain(chain[:d], PLD, cfg.max_verify)
-                for ngram in s.state["pool"].get(s.root)[:cfg.guesses]:
-                    tree.add_chain(list(ngram[:d]), POOL, cfg.max_verify)
-            s.state["tips"] = None
-            root_pos = self.runner.context_len(s.sid)
-            if root_pos + W + N - 3 < self.runner.max_context:  # lookahead branch, if it fits
-                levels = s.state["levels"]
-                col_top = [0] + tree.add_private_chain(0, levels[0][1:], WINDOW)
-                tips = []
+            cap = min(cfg.max_verify, b.max_nodes)
+            if d > 0:  # verification branch: one trie for extra chains (first) and pool n-grams
+                for chain in chains:
+                    tree.add_chain(chain[:d], PLD, cap)
+                for ngram in s.pool.get(s.root)[:cfg.guesses]:
+                    tree.add_chain(list(ngram[:d]), POOL, cap)
+            s.tips = None
+            if s.committed + W + N - 3 < ctx.max_context:  # lookahead branch, if it fits
+                col_top = [0] + tree.add_private_chain(0, s.levels[0][1:], WINDOW)
+                s.tips = []
                 for c in range(W):
-                    below = tree.add_private_chain(col_top[c], [levels[j][c] for j in range(1, N - 1)], WINDOW)
-                    tips.append(below[-1] if below else col_top[c])
-                tree.extra_logits.update(tips)
-                s.state["tips"] = tips
+                    below = tree.add_private_chain(col_top[c], [s.levels[j][c] for j in range(1, N - 1)], WINDOW)
+                    s.tips.append(below[-1] if below else col_top[c])
+                tree.extra_logits.update(s.tips)
             trees.append(tree)
         return trees
 
-    def observe(self, seq, tree, rows, logits, path, new_tokens):
-        cfg, st = self.cfg, seq.state
-        st["la_budget"].update(len(path) - 1, bool(tree.children[path[-1]]))
-        pool: NgramPool = st["pool"]
+    def update(self, state: LookaheadState, outcome: Outcome) -> None:
+        cfg = self.cfg
+        state.depth.update(outcome.accepted, outcome.rejected)
         if cfg.pool_from_output:
-            hist = seq.history
-            pool.add_all(hist, len(hist) - len(new_tokens))
-        tips = st["tips"]
-        if tips is None:
+            state.pool.add_all(state.tokens, len(state.tokens) - len(outcome.new_tokens))
+        if state.tips is None:
             return
-        row_of = {node: j for j, node in enumerate(rows)}
-        new = logits[[row_of[t] for t in tips]].argmax(-1).tolist()  # (W,) one token per column
-        levels, real = st["levels"], st["real"]
-        N = cfg.ngram
-        for c in range(cfg.window):
-            if all(real[j][c] for j in range(1 if c == 0 else 0, N - 1)):
-                first = tree.tokens[0] if c == 0 else levels[0][c]
-                pool.add([first] + [levels[j][c] for j in range(1, N - 1)] + [new[c]])
-        levels, real = levels[1:] + [new], real[1:] + [[True] * cfg.window]
-        skip = len(new_tokens) - 1 if cfg.window_shift == "accepted" else 0
-        if skip > 0:
-            # The root moved `skip` positions further than one: drop the window columns that
-            # now lie behind it and refill the end with tokens drawn from the history.
-            hist, rng = seq.history, st["rng"]
-            levels = [lv[skip:] + [rng.choice(hist) for _ in range(min(skip, cfg.window))] for lv in levels]
-            levels = [lv[:cfg.window] for lv in levels]
-            real = [(r[skip:] + [False] * cfg.window)[:cfg.window] for r in real]
-        st["levels"], st["real"] = levels, real
+        new = outcome.argmax(state.tips)  # (W,) one token per column
+        for ngram in harvest(outcome.tree.tokens[0], state.levels, state.real, new):
+            state.pool.add(ngram)
+        skip = len(outcome.new_tokens) - 1 if cfg.window_shift == "accepted" else 0
+        state.levels, state.real = slide(state.levels, state.real, new, skip,
+                                         lambda: state.rng.choice(state.tokens))
+
+
+class LookaheadPLD(Lookahead):
+    """Lookahead and prompt lookup in one trie, verified in one forward."""
+
+    name = "lookahead+pld"
+
+    def extra_chains(self, states, depth, ctx):
+        todo = [i for i, d in enumerate(depth) if d > 0]
+        out = [[] for _ in states]
+        if todo:
+            found = lookup_candidates(ctx.backend, [states[i].tokens for i in todo], self.cfg.pld, ctx.device)
+            for i, chains in zip(todo, found):
+                out[i] = chains
+        return out

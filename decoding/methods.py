@@ -3,31 +3,35 @@
 from typing import Optional
 
 from decoding.draft import DraftModel, DraftModelConfig
-from decoding.generate import Proposer
 from decoding.jacobi import Jacobi, JacobiConfig
-from decoding.lookahead import Lookahead, LookaheadConfig
+from decoding.lookahead import Lookahead, LookaheadConfig, LookaheadPLD
 from decoding.prompt_lookup import PromptLookup, PromptLookupConfig
+from decoding.proposer import Proposer
 
 METHODS = ("ar", "pld", "jacobi", "lookahead", "lookahead+pld", "draft")
+CONFIGS = {"pld": PromptLookupConfig, "jacobi": JacobiConfig, "lookahead": LookaheadConfig,
+           "lookahead+pld": LookaheadConfig, "draft": DraftModelConfig}
 
 
-def make_proposer(name: str, draft_model=None, config: Optional[object] = None) -> Proposer:
-    """A fresh proposer for ``name`` (one per generate call: proposers hold per-sequence state)."""
+def make_proposer(name: str, *, draft_model=None, config: Optional[object] = None) -> Proposer:
+    """A proposer for ``name`` with ``config`` (its method's config class; None = defaults)."""
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
     if name == "ar":
+        if config is not None:
+            raise ValueError("method 'ar' takes no config")
         return Proposer()
+    want = CONFIGS[name]
+    if config is not None and not isinstance(config, want):
+        raise ValueError(f"method {name!r} takes a {want.__name__}, got {type(config).__name__}")
     if name == "pld":
-        return PromptLookup(config or PromptLookupConfig())
+        return PromptLookup(config)
     if name == "jacobi":
-        return Jacobi(config or JacobiConfig())
+        return Jacobi(config)
     if name == "lookahead":
-        return Lookahead(config or LookaheadConfig())
+        return Lookahead(config)
     if name == "lookahead+pld":
-        cfg = config or LookaheadConfig(with_pld=True)
-        if not cfg.with_pld:
-            raise ValueError("method 'lookahead+pld' needs a LookaheadConfig with with_pld=True")
-        return Lookahead(cfg)
-    if name == "draft":
-        if draft_model is None:
-            raise ValueError("method 'draft' needs a draft model (--draft-model): a small model sharing the tokenizer")
-        return DraftModel(draft_model, config or DraftModelConfig())
-    raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
+        return LookaheadPLD(config)
+    if draft_model is None:
+        raise ValueError("method 'draft' needs a draft model (--draft-model): a small model sharing the tokenizer")
+    return DraftModel(draft_model, config)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from decoding.budget import AdaptiveDepth, BudgetConfig
-from decoding.generate import Proposer, Sequence
+from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
 from decoding.tree import PLD, StepTree
 
 
@@ -47,27 +47,31 @@ def lookup_candidates(backend, histories: list[list[int]], cfg: PromptLookupConf
     return [[row[:n] for row, n in zip(cands[b], counts[b]) if n > 0] for b in range(len(histories))]
 
 
-class PromptLookup(Proposer):
+@dataclass(eq=False, kw_only=True)
+class PLDState(SeqState):
+    depth: AdaptiveDepth  # how deep to draft, from the acceptance seen so far
+
+
+class PromptLookup(Proposer[PLDState]):
     name = "pld"
+    State = PLDState
 
     def __init__(self, cfg: PromptLookupConfig | None = None):
         self.cfg = cfg or PromptLookupConfig()
 
-    def start(self, seqs, runner, sampling):
-        self.backend, self.device = runner.model.backend, runner.device
-        for s in seqs:
-            s.state["pld_budget"] = AdaptiveDepth(self.cfg.budget)
+    def init_state(self, base: SeqState) -> PLDState:
+        return PLDState(**base.seq_fields(), depth=AdaptiveDepth(self.cfg.budget))
 
-    def propose(self, seqs: list[Sequence], max_depth: list[int]) -> list[StepTree]:
-        trees = [StepTree.root(s.root) for s in seqs]
-        depth = [s.state["pld_budget"].depth(d) for s, d in zip(seqs, max_depth)]
+    def propose(self, states: list[PLDState], budgets: list[Budget], ctx: Context) -> list[StepTree]:
+        trees = [StepTree.root(s.root) for s in states]
+        depth = [s.depth.depth(b.max_depth) for s, b in zip(states, budgets)]
         todo = [i for i, d in enumerate(depth) if d > 0]
         if todo:
-            found = lookup_candidates(self.backend, [seqs[i].history for i in todo], self.cfg, self.device)
+            found = lookup_candidates(ctx.backend, [states[i].tokens for i in todo], self.cfg, ctx.device)
             for i, chains in zip(todo, found):
                 for chain in chains:
-                    trees[i].add_chain(chain[:depth[i]], PLD)
+                    trees[i].add_chain(chain[:depth[i]], PLD, budgets[i].max_nodes)
         return trees
 
-    def observe(self, seq, tree, rows, logits, path, new_tokens):
-        seq.state["pld_budget"].update(len(path) - 1, bool(tree.children[path[-1]]))
+    def update(self, state: PLDState, outcome: Outcome) -> None:
+        state.depth.update(outcome.accepted, outcome.rejected)

@@ -87,5 +87,10 @@ class StepTree:
         """Every node's parent is the previous node: the causal mask describes it."""
         return all(p == i - 1 for i, p in enumerate(self.parents))
 
+    def logit_nodes(self) -> list[int]:
+        """Nodes whose logits the step must compute: candidates (the root included) and
+        the private nodes a proposer asked for."""
+        return [i for i in range(len(self.tokens)) if self.candidate[i] or i in self.extra_logits]
+
     def candidate_children(self, node: int) -> list[int]:
         return list(self.children[node].values())

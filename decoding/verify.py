@@ -14,12 +14,24 @@ from typing import Optional
 
 import torch
 
-from decoding.sampling import sample
+from decoding.sampling import SamplingParams, probs_from_logits, sample
 from decoding.tree import StepTree
 
 
 def _uniform(generator: Optional[torch.Generator]) -> float:
     return float(torch.rand((), generator=generator))
+
+
+def verify(tree: StepTree, logits: torch.Tensor, rows: dict[int, int], sampling: SamplingParams,
+           generator: Optional[torch.Generator]) -> tuple[list[int], int]:
+    """The one entry for one-hot drafts: ``logits`` (R, V) with ``rows[node]`` its row, for
+    every candidate node that was sent. Returns (accepted path, root first; bonus token)."""
+    nodes = [n for n in rows if tree.candidate[n]]
+    picked = logits[[rows[n] for n in nodes]]
+    if sampling.greedy:
+        return verify_greedy(tree, dict(zip(nodes, picked.argmax(-1).tolist())))
+    probs = probs_from_logits(picked, sampling)
+    return verify_sampling(tree, dict(zip(nodes, probs)), generator)
 
 
 def verify_greedy(tree: StepTree, next_tokens: list[int]) -> tuple[list[int], int]:

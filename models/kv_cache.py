@@ -37,11 +37,11 @@ class PagedKVCache:
         self.blocks[seq_id], self.lengths[seq_id] = [], 0
 
     def free(self, seq_id: int) -> None:
-        self._check(seq_id)
+        self.check(seq_id)
         self.free_blocks.extend(reversed(self.blocks.pop(seq_id)))
         del self.lengths[seq_id]
 
-    def _check(self, seq_id: int) -> None:
+    def check(self, seq_id: int) -> None:
         if seq_id not in self.blocks:
             raise KeyError(f"sequence {seq_id} is not in the cache")
 
@@ -53,7 +53,7 @@ class PagedKVCache:
         All or nothing: raises KVCacheFull without touching anything if the pool is short."""
         extra = {}
         for s, n in needs.items():
-            self._check(s)
+            self.check(s)
             want = -(-(self.lengths[s] + n) // self.block_size)
             if want > len(self.blocks[s]):
                 extra[s] = want - len(self.blocks[s])
@@ -67,14 +67,14 @@ class PagedKVCache:
 
     def commit(self, seq_id: int, n: int) -> None:
         """Grow the committed length by n tokens whose K/V already sit at the next positions."""
-        self._check(seq_id)
+        self.check(seq_id)
         if n < 0 or self.lengths[seq_id] + n > self.capacity(seq_id):
             raise ValueError(f"commit of {n} tokens exceeds the reserved capacity of sequence {seq_id}")
         self.lengths[seq_id] += n
 
     def truncate(self, seq_id: int, length: int) -> None:
         """Drop committed tokens past ``length`` and give back blocks no longer needed."""
-        self._check(seq_id)
+        self.check(seq_id)
         if not 0 <= length <= self.lengths[seq_id]:
             raise ValueError(f"truncate length must be in [0, {self.lengths[seq_id]}], got {length}")
         self.lengths[seq_id] = length

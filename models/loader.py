@@ -10,7 +10,7 @@ import importlib.util
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -193,11 +193,24 @@ def build_model(cfg: ModelConfig, hf_state_dict: dict[str, torch.Tensor], backen
     return model.eval().requires_grad_(False)
 
 
-def load_model(model: Optional[str] = None, backend: Optional[Backend] = None, dtype: torch.dtype = torch.float32,
-               device: torch.device | str = "cpu", cache_dir: Path | str = DEFAULT_CACHE_DIR):
-    """-> (Transformer, tokenizer). ``model``: None / "smollm2", a .gguf file or an HF folder."""
-    from kernels.backend import TorchBackend
+class LoadedModel(NamedTuple):
+    """What ``load_model`` returns; unpacks as ``model, tokenizer = load_model(...)`` too."""
 
+    model: Transformer
+    tokenizer: object  # a transformers tokenizer (chat template included)
+
+
+def load_model(model: Optional[str] = None, backend: Optional[Backend | str] = None,
+               dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+               cache_dir: Path | str = DEFAULT_CACHE_DIR) -> LoadedModel:
+    """``model``: None / "smollm2" (the embedded default), a .gguf file or an HF folder.
+    ``backend``: a Backend or its name; None = the Triton kernels on a CUDA device, the torch
+    references elsewhere."""
+    from kernels.backend import get_backend
+
+    device = torch.device(device)
+    if backend is None or isinstance(backend, str):
+        backend = get_backend(backend or ("triton" if device.type == "cuda" else "torch"), device)
     path = resolve_model_path(model)
     if path.suffix == ".gguf":
         cfg, sd, rope_factors, tok = _load_gguf(path, Path(cache_dir))
@@ -205,4 +218,4 @@ def load_model(model: Optional[str] = None, backend: Optional[Backend] = None, d
         cfg, sd, rope_factors, tok = _load_hf_folder(path)
     if tok.eos_token_id is not None and tok.eos_token_id not in cfg.eos_token_ids:
         cfg.eos_token_ids = cfg.eos_token_ids + (tok.eos_token_id,)
-    return build_model(cfg, sd, backend or TorchBackend(), dtype, device, rope_factors), tok
+    return LoadedModel(build_model(cfg, sd, backend, dtype, device, rope_factors), tok)

@@ -35,6 +35,13 @@ class ModelRunner:
         self.device = model.device
         self.cache = PagedKVCache(model.cfg, -(-cache_tokens // block_size), block_size, model.dtype, self.device)
 
+    @classmethod
+    def for_batch(cls, model: Transformer, prompts: list[list[int]], max_new_tokens: int,
+                  max_step_tokens: int = 256, block_size: int = 16) -> "ModelRunner":
+        """A runner whose cache fits the batch in the worst case, so generation cannot run out."""
+        need = sum(-(-(len(p) + max_new_tokens + max_step_tokens) // block_size) for p in prompts)
+        return cls(model, cache_tokens=need * block_size, block_size=block_size)
+
     @property
     def max_context(self) -> int:
         return self.cfg.max_position_embeddings
@@ -45,8 +52,27 @@ class ModelRunner:
     def free(self, seq_id: int) -> None:
         self.cache.free(seq_id)
 
+    def has_sequence(self, seq_id: int) -> bool:
+        return seq_id in self.cache.lengths
+
+    @property
+    def seq_ids(self) -> list[int]:
+        return list(self.cache.lengths)
+
     def context_len(self, seq_id: int) -> int:
+        self.cache.check(seq_id)
         return self.cache.lengths[seq_id]
+
+    def truncate(self, seq_id: int, length: int) -> None:
+        """Forget the committed tokens past ``length`` (a draft model's rejected tokens)."""
+        self.cache.truncate(seq_id, length)
+
+    def assume_context(self, seq_id: int, length: int) -> None:
+        """Mark ``length`` more positions of a sequence as committed without computing them:
+        their K/V are whatever the pool holds. For benchmarks that time attention over a long
+        prefix (its cost does not depend on the values); decoding never calls this."""
+        self.cache.reserve({seq_id: length})
+        self.cache.commit(seq_id, length)
 
     def _validate(self, inp: StepInput) -> list[int]:
         T = len(inp.tokens)
@@ -85,7 +111,7 @@ class ModelRunner:
         the same arguments rewrites the same slots (the step benchmarks rely on this)."""
         cache = self.cache
         for inp in inputs:
-            cache._check(inp.seq_id)
+            cache.check(inp.seq_id)
         if len({inp.seq_id for inp in inputs}) != len(inputs):
             raise ValueError("a sequence may appear only once in a step")
         all_depths = [self._validate(inp) for inp in inputs]
@@ -133,7 +159,7 @@ class ModelRunner:
         with 0) as the next committed tokens; everything else of the step is dropped."""
         cache = self.cache
         for s, rows in accepted.items():
-            cache._check(s)
+            cache.check(s)
             if any(b <= a for a, b in zip(rows, rows[1:])) or (rows and rows[0] < 0):
                 raise ValueError(f"sequence {s}: accepted rows must be increasing and >= 0, got {rows}")
             if cache.lengths[s] + (rows[-1] + 1 if rows else 0) > cache.capacity(s):

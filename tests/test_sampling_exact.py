@@ -15,7 +15,7 @@ import torch
 from decoding.draft import DraftModel, DraftModelConfig
 from decoding.generate import generate
 from decoding.jacobi import JacobiConfig
-from decoding.lookahead import Lookahead, LookaheadConfig
+from decoding.lookahead import LookaheadConfig, LookaheadPLD
 from decoding.methods import make_proposer
 from decoding.prompt_lookup import PromptLookupConfig
 from decoding.sampling import SamplingParams, probs_from_logits
@@ -43,10 +43,10 @@ def target():
 
 def exact_joint(model, sp: SamplingParams) -> torch.Tensor:
     """(V, V, V) probabilities of the first three tokens, by enumeration."""
-    from decoding.generate import make_runner
+    from models.runner import ModelRunner
 
     def dist(prefix):
-        runner = make_runner(model, [prefix], 1)
+        runner = ModelRunner.for_batch(model, [prefix], 1)
         runner.add_sequence(0)
         logits = runner.step([StepInput(0, prefix, logits_rows=[len(prefix) - 1])])[0]
         return probs_from_logits(logits, sp)[0].double()
@@ -95,7 +95,7 @@ def method(name, target):
     if name == "draft":
         return DraftModel(peaky_model(12), DraftModelConfig(num_draft=3))
     if name.startswith("lookahead"):
-        return make_proposer(name, config=LookaheadConfig(**SMALL_LA, with_pld=name.endswith("pld")))
+        return make_proposer(name, config=LookaheadConfig(**SMALL_LA))
     if name == "pld":
         return make_proposer(name, config=PromptLookupConfig(num_candidates=2))  # a tree of two chains
     if name == "jacobi":
@@ -128,24 +128,24 @@ def test_power_against_a_5_percent_shift(target):
     assert chi2_pvalue(counts.view(V, V, V), exact.view(V, V, V)) < ALPHA
 
 
-class GreedyAcceptLookahead(Lookahead):
+class GreedyAcceptLookahead(LookaheadPLD):
     """A wrong verifier: accepts the first candidate child whenever it is the argmax."""
 
-    def verify_sampling(self, seq, tree, probs):
+    def verify(self, state, tree, logits, rows, sampling):
         node, path = 0, [0]
         while True:
             kids = tree.candidate_children(node)
-            p = probs[node]
+            p = probs_from_logits(logits[rows[node]][None], sampling)[0]
             best = [c for c in kids if tree.tokens[c] == int(p.argmax())]
             if not best:
-                return path, int(torch.multinomial(p, 1, generator=seq.generator))
+                return path, int(torch.multinomial(p, 1, generator=state.generator))
             path.append(best[0])
             node = best[0]
 
 
 def test_detects_a_wrong_verifier(target):
     sp = SETTINGS["t1"]
-    counts, _ = empirical(target, GreedyAcceptLookahead(LookaheadConfig(**SMALL_LA, with_pld=True)), sp)
+    counts, _ = empirical(target, GreedyAcceptLookahead(LookaheadConfig(**SMALL_LA)), sp)
     assert chi2_pvalue(counts, exact_joint(target, sp)) < ALPHA
 
 

@@ -1,0 +1,167 @@
+"""The proposer contract: what a decoding method sees, what it returns, what it learns.
+
+A method is a ``Proposer`` with a typed per-sequence state (a dataclass subclassing
+``SeqState``). Per step the generate loop calls, for the active sequences of the batch,
+
+    trees = proposer.propose(states, budgets, ctx)    # one StepTree per sequence
+    ... one forward of all trees, verification, KV commit ...
+    proposer.update(state, outcome)                   # per sequence: what happened
+
+``propose`` may not read or write the model's cache: it reads its states (the token history
+lives in ``state.tokens``) and the read-only ``Context``. ``update`` receives one
+``Outcome`` naming nodes of the tree the proposer itself returned. ``verify`` is the one
+verification entry (greedy and sampling); a method whose drafts are not one-hot (the draft
+model) overrides it with its own rule.
+"""
+
+from dataclasses import dataclass, field, fields
+from typing import ClassVar, Generic, Optional, TypeVar
+
+import torch
+
+from decoding.sampling import SamplingParams
+from decoding.stats import SeqStats
+from decoding.tree import StepTree
+from decoding.verify import verify
+
+
+@dataclass(eq=False)
+class SeqState:
+    """What a proposer knows of one sequence. ``tokens`` is the live prompt + output list,
+    appended to by the generate loop; proposers only read it."""
+
+    sid: int
+    tokens: list[int]
+    prompt_len: int
+    generator: Optional[torch.Generator] = None
+
+    @property
+    def root(self) -> int:
+        """The last token: not yet in the cache, the root of the next step's tree."""
+        return self.tokens[-1]
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.tokens[:self.prompt_len]
+
+    @property
+    def committed(self) -> int:
+        """Tokens whose K/V are in the target's cache (all but the root)."""
+        return len(self.tokens) - 1
+
+    def seq_fields(self) -> dict:
+        """The SeqState fields alone: ``MyState(**base.seq_fields(), my_field=...)``."""
+        return {f.name: getattr(self, f.name) for f in fields(SeqState)}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one step of one sequence may hold."""
+
+    max_depth: int  # deepest candidate node: a step gains at most max_depth + 1 tokens
+    max_nodes: int = 256  # most candidate nodes worth proposing
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a proposer may use besides its states (read-only; the cache is the runner's)."""
+
+    backend: object  # kernels.backend.Backend: ngram_match on the device
+    device: torch.device
+    max_context: int  # the model's context: no step position may reach it
+    vocab_size: int
+    max_new_tokens: int  # of this generate call
+    sampling: SamplingParams
+
+
+@dataclass
+class Outcome:
+    """What one step did for one sequence, in the node ids of the tree the proposer returned."""
+
+    tree: StepTree
+    path: list[int]  # accepted nodes, root (0) first
+    new_tokens: list[int]  # what the sequence gained (accepted drafts + bonus, cut at EOS / length)
+    logits: torch.Tensor  # (R, V) fp32 rows the forward computed for this sequence
+    rows: dict[int, int]  # node -> its row in ``logits`` (nodes that were sent and needed logits)
+    sent: int  # query tokens the step sent for this sequence
+
+    @property
+    def accepted(self) -> int:
+        """Draft tokens accepted (the bonus token is not a draft)."""
+        return len(self.path) - 1
+
+    @property
+    def rejected(self) -> bool:
+        """A draft was turned down: the accepted path ends at a node with candidate children."""
+        return bool(self.tree.children[self.path[-1]])
+
+    def argmax(self, nodes: list[int]) -> list[int]:
+        """The model's most likely next token after each of ``nodes`` (one batched argmax)."""
+        if not nodes:
+            return []
+        return self.logits[[self.rows[n] for n in nodes]].argmax(-1).tolist()
+
+
+S = TypeVar("S", bound=SeqState)
+
+
+class Proposer(Generic[S]):
+    """Plain autoregressive decoding: the root alone. Subclasses set ``name`` and ``State``."""
+
+    name: ClassVar[str] = "ar"
+    State: ClassVar[type] = SeqState
+
+    def init_state(self, base: SeqState) -> S:
+        """A fresh state for a sequence right after prefill (``base.tokens`` = prompt + first token)."""
+        return self.State(**base.seq_fields())
+
+    def begin(self, states: list[S], ctx: Context) -> None:
+        """Once per generate call, after ``init_state`` for every sequence (batch resources)."""
+
+    def propose(self, states: list[S], budgets: list[Budget], ctx: Context) -> list[StepTree]:
+        return [StepTree.root(s.root) for s in states]
+
+    def verify(self, state: S, tree: StepTree, logits: torch.Tensor, rows: dict[int, int],
+               sampling: SamplingParams) -> tuple[list[int], int]:
+        """(accepted path, bonus token); exact for one-hot drafts, greedy or sampled."""
+        return verify(tree, logits, rows, sampling, state.generator)
+
+    def update(self, state: S, outcome: Outcome) -> None:
+        """Learn from a step (after its tokens were appended to ``state.tokens``)."""
+
+    def end(self, state: S) -> None:
+        """The sequence finished (or generation stopped): free its resources."""
+
+
+@dataclass(eq=False)
+class Sequence:
+    """The generate loop's view of a sequence: the proposer's state plus bookkeeping."""
+
+    state: SeqState
+    max_new_tokens: int
+    finish: Optional[str] = None  # "eos" | "length"
+    stats: SeqStats = field(default_factory=SeqStats)
+
+    @property
+    def output(self) -> list[int]:
+        return self.state.tokens[self.state.prompt_len:]
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - (len(self.state.tokens) - self.state.prompt_len)
+
+    def append(self, tokens: list[int], eos: set[int]) -> list[int]:
+        """Append until EOS (kept) or max_new_tokens; returns what was appended."""
+        added = []
+        for t in tokens:
+            if self.remaining <= 0:
+                break
+            self.state.tokens.append(t)
+            added.append(t)
+            if t in eos:
+                self.finish = "eos"
+                break
+        if self.finish is None and self.remaining <= 0:
+            self.finish = "length"
+        return added
+

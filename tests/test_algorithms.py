@@ -1,0 +1,115 @@
+"""Exact tables for the decoding algorithms, as pure functions over token lists."""
+
+import itertools
+
+import pytest
+
+from decoding.draft import draft_cache_keep
+from decoding.jacobi import initial_guess, next_guess
+from decoding.lookahead import harvest, slide
+from decoding.ngram_pool import NgramPool
+from decoding.tree import PLD, POOL, WINDOW, StepTree
+
+T, F = True, False
+
+
+# ---- lookahead window: n-gram harvest ---------------------------------------------------------
+LEVELS = [[0, 11, 12], [20, 21, 22], [30, 31, 32]]  # N = 4, W = 3; levels[0][0] stands for the root
+
+
+@pytest.mark.parametrize("real, want", [
+    ([[T, T, T], [T, T, T], [T, T, T]], [(9, 20, 30, 40), (11, 21, 31, 41), (12, 22, 32, 42)]),
+    ([[F, T, T], [T, T, T], [T, T, T]], [(9, 20, 30, 40), (11, 21, 31, 41), (12, 22, 32, 42)]),  # root is real
+    ([[T, T, T], [T, F, T], [T, T, T]], [(9, 20, 30, 40), (12, 22, 32, 42)]),
+    ([[T, T, F], [T, T, T], [F, T, T]], [(11, 21, 31, 41)]),
+    ([[F, F, F], [F, F, F], [F, F, F]], []),
+])
+def test_harvest(real, want):
+    assert harvest(9, LEVELS, real, [40, 41, 42]) == want
+
+
+def test_harvest_n2_window_is_one_level():
+    # N = 2: one level, the n-gram is (level-0 token, new token)
+    assert harvest(5, [[0, 6, 7]], [[F, T, F]], [1, 2, 3]) == [(5, 1), (6, 2)]
+
+
+# ---- lookahead window: slide -------------------------------------------------------------------
+@pytest.mark.parametrize("skip, levels, real", [
+    (0, [[4, 5, 6], [7, 8, 9]], [[T, T, F], [T, T, T]]),
+    (1, [[5, 6, 100], [8, 9, 101]], [[T, F, F], [T, T, F]]),
+    (2, [[6, 100, 101], [9, 102, 103]], [[F, F, F], [T, F, F]]),
+    (5, [[100, 101, 102], [103, 104, 105]], [[F, F, F], [F, F, F]]),  # past the window: all refilled
+])
+def test_slide(skip, levels, real):
+    draws = itertools.count(100)
+    got = slide([[1, 2, 3], [4, 5, 6]], [[F, F, F], [T, T, F]], [7, 8, 9], skip, lambda: next(draws))
+    assert got == (levels, real)
+
+
+# ---- lookahead pool ------------------------------------------------------------------------------
+def test_ngram_pool_lru():
+    pool = NgramPool(3, capacity=2)
+    pool.add_all([1, 2, 3, 1, 4, 5, 1, 2, 3])
+    assert pool.get(1) == [(2, 3), (4, 5)]  # (2, 3) refreshed last
+    pool.add([1, 9, 9])
+    assert pool.get(1) == [(9, 9), (2, 3)]  # (4, 5) was least recent: evicted
+    pool.add([1, 2, 3])
+    assert pool.get(1) == [(2, 3), (9, 9)]  # refreshing reorders, evicts nothing
+    assert pool.get(7) == [] and len(pool) == 6  # 2 under key 1, one under each of 2, 3, 4, 5
+    pool.add([1, 2])  # wrong length: ignored
+    assert len(pool) == 6 and NgramPool(3, 0).get(1) == []
+
+
+@pytest.mark.parametrize("start, want", [
+    (0, {1: [(2, 3)], 2: [(3, 4)], 3: [(4, 5)]}),
+    (3, {2: [(3, 4)], 3: [(4, 5)]}),  # n-grams ending at index >= 3
+    (5, {}),
+])
+def test_ngram_pool_add_all_from(start, want):
+    pool = NgramPool(3, capacity=4)
+    pool.add_all([1, 2, 3, 4, 5], start)
+    assert {k: pool.get(k) for k in pool.table} == want
+
+
+# ---- Jacobi ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("preds, accepted, window, want", [
+    ([10, 11, 12, 13], 0, 4, [11, 12, 13, 13]),  # nothing accepted: the old chain's predictions shift
+    ([10, 11, 12, 13], 1, 4, [12, 13, 13, 13]),
+    ([10, 11, 12, 13], 3, 4, [99, 99, 99, 99]),  # all accepted: nothing fresh, the root repeats
+    ([10, 11, 12, 13, 14, 15], 1, 2, [12, 13]),
+])
+def test_jacobi_next_guess(preds, accepted, window, want):
+    assert next_guess(preds, accepted, 99, window) == want
+
+
+def test_jacobi_initial_guess():
+    assert initial_guess([1, 2, 3, 4], 3) == [2, 3, 4]
+    assert initial_guess([1, 2], 5) == [1, 2, 1, 2, 1]
+
+
+# ---- draft-model cache truncation ---------------------------------------------------------------------
+@pytest.mark.parametrize("cached, history_len, new_tokens, accepted, keep", [
+    (12, 11, 1, 0, 10),  # history 10 + chain of 3 (2 cached); nothing accepted: back to the history
+    (12, 12, 2, 1, 11),  # one draft accepted
+    (12, 14, 4, 3, 12),  # all 3 accepted: everything cached agrees, the bonus is not cached yet
+    (12, 12, 2, 3, 11),  # 3 accepted but the sequence ended after 2 new tokens (EOS / length)
+    (9, 11, 1, 0, 9),  # nothing was drafted (depth 0): the root was not fed, the cache is untouched
+])
+def test_draft_cache_keep(cached, history_len, new_tokens, accepted, keep):
+    assert draft_cache_keep(cached, history_len, new_tokens, accepted) == keep
+
+
+# ---- trie merging with caps ---------------------------------------------------------------------------
+def test_trie_merging_with_caps():
+    t = StepTree.root(0)
+    assert t.add_chain([1, 2, 3], PLD, max_nodes=4) == [1, 2, 3]
+    assert t.add_chain([1, 2, 4, 5], POOL, max_nodes=4) == [1, 2, 4]  # 5 would be the 5th candidate
+    assert t.add_chain([6], POOL, max_nodes=4) == []
+    assert t.add_chain([1, 2, 3], POOL, max_nodes=4) == [1, 2, 3]  # shared nodes are free
+    assert t.tokens == [0, 1, 2, 3, 4]
+    assert t.sources == [0, PLD | POOL, PLD | POOL, PLD | POOL, POOL]
+    t.add_private_chain(0, [7, 8], WINDOW)  # private nodes are not candidates and cost no cap
+    assert t.num_candidates == 4 and t.children[0] == {1: 1}
+    assert t.logit_nodes() == [0, 1, 2, 3, 4]  # private nodes need logits only when asked for
+    t.extra_logits.add(6)
+    assert t.logit_nodes() == [0, 1, 2, 3, 4, 6]
