@@ -91,3 +91,15 @@ def test_hf_folder_roundtrip(tmp_path):
                           min_new_tokens=5)[0, 4:].tolist()
     assert ours == ref and tok.chat_template
     shutil.rmtree(tmp_path)
+
+
+def test_load_model_picks_the_backend_for_the_device(monkeypatch):
+    import models.loader as loader
+
+    seen = []
+    monkeypatch.setattr(loader, "build_model", lambda cfg, sd, backend, *a: seen.append(backend.name) or "model")
+    monkeypatch.setattr("kernels.backend.triton_interpreted", lambda: True)  # a CUDA device without one
+    for device, backend, want in [("cpu", None, "torch"), ("cuda", None, "triton"), ("cuda", "torch", "torch")]:
+        loaded = load_model(backend=backend, device=device)
+        assert loaded.model == "model" and loaded.tokenizer is not None
+    assert seen == ["torch", "triton", "torch"]
