@@ -55,9 +55,8 @@ def parse_args(argv=None):
     p.add_argument("--pld", default="3,10", help="max n-gram, draft length of prompt lookup")
     p.add_argument("--pld-candidates", type=int, default=4,
                    help="distinct prompt-lookup continuations merged into lookahead+pld's trie")
-    p.add_argument("--no-adaptive", action="store_true", help="turn the adaptive draft budget off")
-    p.add_argument("--token-cost", type=float, default=None,
-                   help="adaptive budget: cost of one step token vs a one-token step (default 0.05 CPU, 0.01 GPU)")
+    p.add_argument("--no-plan", action="store_true",
+                   help="send every proposer's whole tree (no step planning from the measured step cost)")
     args = p.parse_args(argv)
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in args.methods if m not in ALL_METHODS]
@@ -103,21 +102,18 @@ def load_records(args) -> list[dict]:
 
 
 def make_method(name, args, draft_model):
-    from decoding.budget import BudgetConfig
     from decoding.draft import DraftModelConfig
     from decoding.lookahead import LookaheadConfig
     from decoding.methods import make_proposer
     from decoding.prompt_lookup import PromptLookupConfig
 
-    cost = args.token_cost or (0.01 if args.device.startswith("cuda") else 0.05)
-    budget = BudgetConfig(enabled=not args.no_adaptive, token_cost=cost)
     max_n, k = (int(x) for x in args.pld.split(","))
     W, N, G = (int(x) for x in args.lookahead.split(","))
     if name == "pld":  # fixed draft length, one candidate: the reference's (and transformers') rule
         return make_proposer(name, config=PromptLookupConfig(max_ngram=max_n, num_draft=k))
     if name in ("lookahead", "lookahead+pld"):
         pld = PromptLookupConfig(max_ngram=max_n, num_draft=k, num_candidates=args.pld_candidates)
-        cfg = LookaheadConfig(window=W, ngram=N, guesses=G, pld=pld, budget=budget)
+        cfg = LookaheadConfig(window=W, ngram=N, guesses=G, pld=pld)
         return make_proposer(name, config=cfg)
     if name == "draft":
         return make_proposer(name, draft_model=draft_model, config=DraftModelConfig())
@@ -140,7 +136,7 @@ def header(args, model, device_name) -> dict:
         "sampling": "greedy" if args.temperature == 0 else
                     f"temperature {args.temperature}, top-k {args.top_k}, top-p {args.top_p}, seed {args.seed}",
         "lookahead W,N,G": args.lookahead, "pld max_ngram,draft": args.pld,
-        "adaptive budget": "off" if args.no_adaptive else "on (lookahead)",
+        "step planner": "off" if args.no_plan else "on (measured step cost)",
         "versions": f"python {platform.python_version()}, torch {torch.__version__}, triton {triton.__version__}, "
                     f"transformers {transformers.__version__}",
     }

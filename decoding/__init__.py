@@ -7,12 +7,12 @@ A new method is a ``Proposer`` subclass with a ``SeqState`` subclass for its per
 state (see decoding/proposer.py for the contract).
 """
 
-from decoding.budget import BudgetConfig
 from decoding.draft import DraftModel, DraftModelConfig
 from decoding.generate import GenerationResult, generate
 from decoding.jacobi import Jacobi, JacobiConfig
 from decoding.lookahead import Lookahead, LookaheadConfig, LookaheadPLD
 from decoding.methods import METHODS, make_proposer
+from decoding.planner import Planner, PlannerConfig
 from decoding.prompt_lookup import PromptLookup, PromptLookupConfig
 from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
 from decoding.sampling import SamplingParams
@@ -23,5 +23,5 @@ __all__ = [
     "generate", "GenerationResult", "SeqStats", "SamplingParams", "METHODS", "make_proposer",
     "Proposer", "SeqState", "Budget", "Context", "Outcome", "StepTree",
     "PromptLookup", "PromptLookupConfig", "Jacobi", "JacobiConfig", "Lookahead", "LookaheadPLD",
-    "LookaheadConfig", "DraftModel", "DraftModelConfig", "BudgetConfig",
+    "LookaheadConfig", "DraftModel", "DraftModelConfig", "Planner", "PlannerConfig",
 ]

@@ -3,12 +3,11 @@
 for the whole batch on its own paged cache; the target verifies the chain in one forward,
 greedily or with the min(1, p/q) rule under sampling."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from decoding.budget import AdaptiveDepth, BudgetConfig
 from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
 from decoding.sampling import SamplingParams, probs_from_logits, sample
 from decoding.tree import DRAFT, StepTree
@@ -19,8 +18,7 @@ from models.runner import ModelRunner, StepInput
 
 @dataclass(slots=True)
 class DraftModelConfig:
-    num_draft: int = 5  # draft tokens per step (k)
-    budget: BudgetConfig = field(default_factory=lambda: BudgetConfig(enabled=False))
+    num_draft: int = 5  # draft tokens per step at most (k)
 
     def __post_init__(self):
         if self.num_draft < 1:
@@ -41,12 +39,12 @@ def draft_cache_keep(cached: int, history_len: int, new_tokens: int, accepted: i
 class DraftState(SeqState):
     cached: int = 0  # tokens of this sequence in the draft model's cache (a prefix of tokens)
     q: Optional[torch.Tensor] = None  # (k, V) the draft distributions of the chain just proposed
-    depth: AdaptiveDepth
 
 
 class DraftModel(Proposer[DraftState]):
     name = "draft"
     State = DraftState
+    sources = DRAFT
 
     def __init__(self, draft: Transformer, cfg: Optional[DraftModelConfig] = None):
         self.draft, self.cfg = draft, cfg or DraftModelConfig()
@@ -54,7 +52,7 @@ class DraftModel(Proposer[DraftState]):
         self.sampling = SamplingParams()
 
     def init_state(self, base: SeqState) -> DraftState:
-        return DraftState(**base.seq_fields(), depth=AdaptiveDepth(self.cfg.budget))
+        return DraftState(**base.seq_fields())
 
     def begin(self, states: list[DraftState], ctx: Context) -> None:
         if self.draft.cfg.vocab_size != ctx.vocab_size:
@@ -68,8 +66,7 @@ class DraftModel(Proposer[DraftState]):
 
     @torch.inference_mode()
     def propose(self, states: list[DraftState], budgets: list[Budget], ctx: Context) -> list[StepTree]:
-        want = {s.sid: s.depth.depth(min(b.max_depth, b.max_nodes, self.cfg.num_draft))
-                for s, b in zip(states, budgets)}
+        want = {s.sid: min(b.max_depth, b.max_nodes, self.cfg.num_draft) for s, b in zip(states, budgets)}
         chains = {s.sid: [] for s in states}
         qs = {s.sid: [] for s in states}
         by_sid = {s.sid: s for s in states}
@@ -106,7 +103,6 @@ class DraftModel(Proposer[DraftState]):
         return list(range(n_ok + 1)), token
 
     def update(self, state: DraftState, outcome: Outcome) -> None:
-        state.depth.update(outcome.accepted, outcome.rejected)
         keep = draft_cache_keep(state.cached, len(state.tokens), len(outcome.new_tokens), outcome.accepted)
         if keep < state.cached:
             self.runner.truncate(state.sid, keep)

@@ -7,11 +7,13 @@ their K/V, and stops on EOS (inside an accepted draft too) or at exactly max_new
 The contract between this loop and a method is in ``decoding/proposer.py``.
 """
 
+import time
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
+from decoding.planner import Planner
 from decoding.proposer import Budget, Context, Outcome, Proposer, Sequence, SeqState
 from decoding.sampling import SamplingParams, probs_from_logits, sample
 from decoding.stats import SeqStats
@@ -53,6 +55,7 @@ def generate(
     max_new_tokens: int = 128,
     sampling: Optional[SamplingParams] = None,
     eos_token_ids: Optional[tuple[int, ...]] = None,
+    planner: Optional[Planner] = None,
     runner: Optional[ModelRunner] = None,
     prefill_chunk: int = 512,
     progress: bool = False,
@@ -62,6 +65,8 @@ def generate(
     Greedy (default sampling) output is token-identical to plain greedy decoding whatever the
     proposer; with temperature > 0 every method samples exactly the target distribution.
     Each sequence has its own generator (seed, index), so a batch samples like single runs.
+    ``planner`` (one per call) sizes every step to what it costs on the device; without one,
+    each step sends the proposer's whole tree.
     """
     proposer = proposer or Proposer()
     sampling = sampling or SamplingParams()
@@ -82,7 +87,11 @@ def generate(
         proposer.begin([s.state for s in seqs], ctx)
         bar = _progress_bar(progress, proposer.name, seqs)
         while active := batch.retire_finished():
-            outcomes = decode_step(runner, proposer, active, ctx, eos)
+            t0 = time.perf_counter()
+            outcomes = decode_step(runner, proposer, active, ctx, eos, planner)
+            if planner is not None:
+                planner.observe_time([o.sent for o in outcomes], (time.perf_counter() - t0) * 1e3,
+                                     sum(len(o.new_tokens) for o in outcomes))
             for s, o in zip(active, outcomes):
                 s.stats.record(o)
             bar.update(sum(len(o.new_tokens) for o in outcomes))
@@ -93,19 +102,29 @@ def generate(
 
 
 def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence], ctx: Context,
-                eos: set[int]) -> list[Outcome]:
-    """One step of every active sequence: propose -> forward -> verify -> commit -> update."""
+                eos: set[int], planner: Optional[Planner] = None) -> list[Outcome]:
+    """One step of every active sequence: propose -> (plan) -> forward -> verify -> commit ->
+    update. A planner sends a subtree of each proposed tree; outcomes name the proposer's nodes."""
     states = [s.state for s in active]
-    trees = proposer.propose(states, [Budget(max_depth=s.remaining - 1) for s in active], ctx)
-    rows = [{node: j for j, node in enumerate(t.logit_nodes())} for t in trees]
-    logits = runner.step([_step_input(st.sid, t, list(r)) for st, t, r in zip(states, trees, rows)])
-    verdicts = [proposer.verify(st, t, lg, r, ctx.sampling) for st, t, lg, r in zip(states, trees, logits, rows)]
-    runner.commit({st.sid: path for st, (path, _) in zip(states, verdicts)})
+    sids = [st.sid for st in states]
+    depth = [s.remaining - 1 for s in active]
+    if planner is not None:
+        depth = [min(d, p) for d, p in zip(depth, planner.max_depth(sids, proposer.sources))]
+    trees = proposer.propose(states, [Budget(max_depth=d) for d in depth], ctx)
+    keep = [list(range(len(t))) for t in trees] if planner is None else planner.select(sids, trees)
+    sent = [t if len(k) == len(t) else t.subtree(k)[0] for t, k in zip(trees, keep)]
+    rows = [{node: j for j, node in enumerate(t.logit_nodes())} for t in sent]
+    logits = runner.step([_step_input(sid, t, list(r)) for sid, t, r in zip(sids, sent, rows)])
+    verdicts = [proposer.verify(st, t, lg, r, ctx.sampling) for st, t, lg, r in zip(states, sent, logits, rows)]
+    runner.commit({sid: path for sid, (path, _) in zip(sids, verdicts)})
     outcomes = []
-    for s, t, lg, r, (path, bonus) in zip(active, trees, logits, rows, verdicts):
+    for s, tree, t, k, lg, r, (path, bonus) in zip(active, trees, sent, keep, logits, rows, verdicts):
         new = s.append([t.tokens[n] for n in path[1:]] + [bonus], eos)
-        outcomes.append(Outcome(tree=t, path=path, new_tokens=new, logits=lg, rows=r, sent=len(t)))
+        outcomes.append(Outcome(tree=tree, path=[k[n] for n in path], new_tokens=new, logits=lg,
+                                rows={k[n]: j for n, j in r.items()}, sent=len(t)))
         proposer.update(s.state, outcomes[-1])
+        if planner is not None:
+            planner.observe(s.state.sid, outcomes[-1])
     return outcomes
 
 

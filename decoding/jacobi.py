@@ -3,9 +3,8 @@ tokens, verify it as a chain, and replace it with the model's own predictions at
 guessed position (one fixed-point iteration per step). Under greedy decoding a position
 whose prefix is right is right for good, so a step never gains less than plain decoding."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from decoding.budget import AdaptiveDepth, BudgetConfig
 from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
 from decoding.tree import JACOBI, StepTree
 
@@ -13,7 +12,6 @@ from decoding.tree import JACOBI, StepTree
 @dataclass(slots=True)
 class JacobiConfig:
     window: int = 8  # guessed tokens per step (m)
-    budget: BudgetConfig = field(default_factory=lambda: BudgetConfig(enabled=False))
 
     def __post_init__(self):
         if self.window < 1:
@@ -40,29 +38,27 @@ def next_guess(chain_preds: list[int], accepted: int, root: int, window: int) ->
 @dataclass(eq=False, kw_only=True)
 class JacobiState(SeqState):
     guess: list[int]  # the current guess of the tokens after the root
-    depth: AdaptiveDepth
 
 
 class Jacobi(Proposer[JacobiState]):
     name = "jacobi"
     State = JacobiState
+    sources = JACOBI
 
     def __init__(self, cfg: JacobiConfig | None = None):
         self.cfg = cfg or JacobiConfig()
 
     def init_state(self, base: SeqState) -> JacobiState:
-        return JacobiState(**base.seq_fields(), guess=initial_guess(base.prompt, self.cfg.window),
-                           depth=AdaptiveDepth(self.cfg.budget))
+        return JacobiState(**base.seq_fields(), guess=initial_guess(base.prompt, self.cfg.window))
 
     def propose(self, states: list[JacobiState], budgets: list[Budget], ctx: Context) -> list[StepTree]:
         trees = []
         for s, b in zip(states, budgets):
             tree = StepTree.root(s.root)
-            tree.add_chain(s.guess[:s.depth.depth(min(b.max_depth, b.max_nodes))], JACOBI)
+            tree.add_chain(s.guess[:min(b.max_depth, b.max_nodes)], JACOBI)
             trees.append(tree)
         return trees
 
     def update(self, state: JacobiState, outcome: Outcome) -> None:
         chain = sorted(outcome.rows)  # a chain: node j sits at depth j
         state.guess = next_guess(outcome.argmax(chain), outcome.accepted, state.root, self.cfg.window)
-        state.depth.update(outcome.accepted, outcome.rejected)

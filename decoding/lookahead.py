@@ -20,11 +20,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from decoding.budget import AdaptiveDepth, BudgetConfig
 from decoding.ngram_pool import NgramPool
 from decoding.prompt_lookup import PromptLookupConfig, lookup_candidates
 from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
-from decoding.tree import PLD, POOL, WINDOW, StepTree
+from decoding.tree import HARVEST, PLD, POOL, WINDOW, StepTree
 
 
 @dataclass(slots=True)
@@ -37,7 +36,6 @@ class LookaheadConfig:
     # prompt lookup inside lookahead+pld: a tree of up to 4 distinct continuations (tuned on the dev split)
     pld: PromptLookupConfig = field(default_factory=lambda: PromptLookupConfig(num_candidates=4))
     max_verify: int = 64  # most candidate nodes verified per step (after trie merging)
-    budget: BudgetConfig = field(default_factory=BudgetConfig)
     seed: int = 0  # initial window tokens (and refills) are drawn from the history with this seed
     window_shift: str = "one"  # "one": slide one level per step (the reference's default);
     # "accepted": also move the window left by the extra tokens a step accepted, refilling its end
@@ -56,26 +54,30 @@ class LookaheadConfig:
 
 
 # ---- the window, as pure functions over token lists ----------------------------------------
-def harvest(root: int, levels: list[list[int]], real: list[list[bool]], new: list[int]) -> list[tuple[int, ...]]:
+def harvest(root: int, levels: list[list[int]], real: list[list[bool]],
+            new: list[Optional[int]]) -> list[tuple[int, ...]]:
     """The n-grams the window closed this step: column c gives
-    (L0[c], L1[c], ..., L_{N-2}[c], new[c]) with L0[0] = the root, if every level of it that
-    the model produced is real (level 0 of column 0 is the root itself, always real)."""
+    (L0[c], L1[c], ..., L_{N-2}[c], new[c]) with L0[0] = the root, if the column was sent
+    (``new[c]`` is not None) and every level of it is real (produced by the model; level 0
+    of column 0 is the root itself, always real)."""
     out = []
     for c, tip in enumerate(new):
-        if all(real[j][c] for j in range(1 if c == 0 else 0, len(levels))):
+        if tip is not None and all(real[j][c] for j in range(1 if c == 0 else 0, len(levels))):
             first = root if c == 0 else levels[0][c]
             out.append((first, *(levels[j][c] for j in range(1, len(levels))), tip))
     return out
 
 
-def slide(levels: list[list[int]], real: list[list[bool]], new: list[int], skip: int,
+def slide(levels: list[list[int]], real: list[list[bool]], new: list[Optional[int]], skip: int,
           draw: Callable[[], int]) -> tuple[list[list[int]], list[list[bool]]]:
     """The window one step later: the oldest level drops out and ``new`` (the tips'
-    predictions, all real) becomes the newest. With ``skip`` > 0 (the root moved ``skip``
+    predictions) becomes the newest, real level; a column that was not sent (``new[c]`` is
+    None) keeps its newest token there, not real. With ``skip`` > 0 (the root moved ``skip``
     positions more than one) every level also drops its first ``skip`` columns and refills
     its end with ``draw()`` tokens (level by level, left to right), marked not real."""
     W = len(new)
-    levels, real = levels[1:] + [list(new)], real[1:] + [[True] * W]
+    newest = [levels[-1][c] if t is None else t for c, t in enumerate(new)]
+    levels, real = levels[1:] + [newest], real[1:] + [[t is not None for t in new]]
     if skip > 0:
         levels = [(lv[skip:] + [draw() for _ in range(min(skip, W))])[:W] for lv in levels]
         real = [(r[skip:] + [False] * W)[:W] for r in real]
@@ -88,13 +90,13 @@ class LookaheadState(SeqState):
     real: list[list[bool]]  # (N - 1, W) produced by the model (not drawn from the history)
     pool: NgramPool
     rng: random.Random  # draws window tokens from the history
-    depth: AdaptiveDepth
     tips: Optional[list[int]] = None  # the window's last node per column in the step just proposed
 
 
 class Lookahead(Proposer[LookaheadState]):
     name = "lookahead"
     State = LookaheadState
+    sources = POOL | HARVEST | WINDOW
 
     def __init__(self, cfg: LookaheadConfig | None = None):
         self.cfg = cfg or LookaheadConfig()
@@ -108,7 +110,7 @@ class Lookahead(Proposer[LookaheadState]):
         if cfg.pool_from_prompt:
             pool.add_all(prompt)
         return LookaheadState(**base.seq_fields(), levels=levels, real=[[False] * cfg.window for _ in levels],
-                              pool=pool, rng=rng, depth=AdaptiveDepth(cfg.budget))
+                              pool=pool, rng=rng)
 
     def extra_chains(self, states: list[LookaheadState], depth: list[int], ctx: Context) -> list[list[list[int]]]:
         """Candidate chains merged before the pool's n-grams (none here; PLD in LookaheadPLD)."""
@@ -117,7 +119,7 @@ class Lookahead(Proposer[LookaheadState]):
     def propose(self, states: list[LookaheadState], budgets: list[Budget], ctx: Context) -> list[StepTree]:
         cfg = self.cfg
         W, N = cfg.window, cfg.ngram
-        depth = [s.depth.depth(b.max_depth) for s, b in zip(states, budgets)]
+        depth = [b.max_depth for b in budgets]
         extra = self.extra_chains(states, depth, ctx)
         trees = []
         for s, d, b, chains in zip(states, depth, budgets, extra):
@@ -126,14 +128,19 @@ class Lookahead(Proposer[LookaheadState]):
             if d > 0:  # verification branch: one trie for extra chains (first) and pool n-grams
                 for chain in chains:
                     tree.add_chain(chain[:d], PLD, cap)
-                for ngram in s.pool.get(s.root)[:cfg.guesses]:
-                    tree.add_chain(list(ngram[:d]), POOL, cap)
+                for ngram, origin in s.pool.items(s.root)[:cfg.guesses]:
+                    tree.add_chain(list(ngram[:d]), origin, cap)
             s.tips = None
             if s.committed + W + N - 3 < ctx.max_context:  # lookahead branch, if it fits
-                col_top = [0] + tree.add_private_chain(0, s.levels[0][1:], WINDOW)
+                # column c (a planner may drop whole columns, from the right) = group c:
+                # its trunk token at depth c and the levels below it
+                col_top = [0]
+                for c in range(1, W):
+                    col_top += tree.add_private_chain(col_top[-1], [s.levels[0][c]], WINDOW, group=c)
                 s.tips = []
                 for c in range(W):
-                    below = tree.add_private_chain(col_top[c], [s.levels[j][c] for j in range(1, N - 1)], WINDOW)
+                    below = tree.add_private_chain(col_top[c], [s.levels[j][c] for j in range(1, N - 1)], WINDOW,
+                                                   group=c)
                     s.tips.append(below[-1] if below else col_top[c])
                 tree.extra_logits.update(s.tips)
             trees.append(tree)
@@ -141,14 +148,15 @@ class Lookahead(Proposer[LookaheadState]):
 
     def update(self, state: LookaheadState, outcome: Outcome) -> None:
         cfg = self.cfg
-        state.depth.update(outcome.accepted, outcome.rejected)
         if cfg.pool_from_output:
             state.pool.add_all(state.tokens, len(state.tokens) - len(outcome.new_tokens))
         if state.tips is None:
             return
-        new = outcome.argmax(state.tips)  # (W,) one token per column
+        sent = [t for t in state.tips if t in outcome.rows]
+        preds = dict(zip(sent, outcome.argmax(sent)))
+        new = [preds.get(t) for t in state.tips]  # (W,) one token per column that was sent
         for ngram in harvest(outcome.tree.tokens[0], state.levels, state.real, new):
-            state.pool.add(ngram)
+            state.pool.add(ngram, HARVEST)
         skip = len(outcome.new_tokens) - 1 if cfg.window_shift == "accepted" else 0
         state.levels, state.real = slide(state.levels, state.real, new, skip,
                                          lambda: state.rng.choice(state.tokens))
@@ -158,6 +166,7 @@ class LookaheadPLD(Lookahead):
     """Lookahead and prompt lookup in one trie, verified in one forward."""
 
     name = "lookahead+pld"
+    sources = PLD | POOL | HARVEST | WINDOW
 
     def extra_chains(self, states, depth, ctx):
         todo = [i for i, d in enumerate(depth) if d > 0]

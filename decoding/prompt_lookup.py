@@ -2,12 +2,11 @@
 n-gram in the prompt and the sequence's own output, matched for the whole batch at once by
 the ``ngram_match`` kernel."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from decoding.budget import AdaptiveDepth, BudgetConfig
-from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
+from decoding.proposer import Budget, Context, Proposer, SeqState
 from decoding.tree import PLD, StepTree
 
 
@@ -19,7 +18,6 @@ class PromptLookupConfig:
     num_candidates: int = 1  # > 1: up to this many distinct continuations merged into a tree
     prefer: str = "first"  # "first" (earliest match, as the reference) or "recent"
     partial: bool = True  # accept continuations cut by the end of the history (as transformers)
-    budget: BudgetConfig = field(default_factory=lambda: BudgetConfig(enabled=False))
 
     def __post_init__(self):
         if self.min_ngram < 1:
@@ -47,31 +45,19 @@ def lookup_candidates(backend, histories: list[list[int]], cfg: PromptLookupConf
     return [[row[:n] for row, n in zip(cands[b], counts[b]) if n > 0] for b in range(len(histories))]
 
 
-@dataclass(eq=False, kw_only=True)
-class PLDState(SeqState):
-    depth: AdaptiveDepth  # how deep to draft, from the acceptance seen so far
-
-
-class PromptLookup(Proposer[PLDState]):
+class PromptLookup(Proposer[SeqState]):
     name = "pld"
-    State = PLDState
+    sources = PLD
 
     def __init__(self, cfg: PromptLookupConfig | None = None):
         self.cfg = cfg or PromptLookupConfig()
 
-    def init_state(self, base: SeqState) -> PLDState:
-        return PLDState(**base.seq_fields(), depth=AdaptiveDepth(self.cfg.budget))
-
-    def propose(self, states: list[PLDState], budgets: list[Budget], ctx: Context) -> list[StepTree]:
+    def propose(self, states: list[SeqState], budgets: list[Budget], ctx: Context) -> list[StepTree]:
         trees = [StepTree.root(s.root) for s in states]
-        depth = [s.depth.depth(b.max_depth) for s, b in zip(states, budgets)]
-        todo = [i for i, d in enumerate(depth) if d > 0]
+        todo = [i for i, b in enumerate(budgets) if b.max_depth > 0]
         if todo:
             found = lookup_candidates(ctx.backend, [states[i].tokens for i in todo], self.cfg, ctx.device)
             for i, chains in zip(todo, found):
                 for chain in chains:
-                    trees[i].add_chain(chain[:depth[i]], PLD, budgets[i].max_nodes)
+                    trees[i].add_chain(chain[:budgets[i].max_depth], PLD, budgets[i].max_nodes)
         return trees
-
-    def update(self, state: PLDState, outcome: Outcome) -> None:
-        state.depth.update(outcome.accepted, outcome.rejected)

@@ -92,8 +92,9 @@ class Outcome:
 
     @property
     def rejected(self) -> bool:
-        """A draft was turned down: the accepted path ends at a node with candidate children."""
-        return bool(self.tree.children[self.path[-1]])
+        """A draft was turned down: the accepted path ends at a node with candidate children
+        that were sent."""
+        return any(c in self.rows for c in self.tree.children[self.path[-1]].values())
 
     def argmax(self, nodes: list[int]) -> list[int]:
         """The model's most likely next token after each of ``nodes`` (one batched argmax)."""
@@ -110,6 +111,7 @@ class Proposer(Generic[S]):
 
     name: ClassVar[str] = "ar"
     State: ClassVar[type] = SeqState
+    sources: ClassVar[int] = 0  # the source bits (decoding/tree.py) of the nodes it proposes
 
     def init_state(self, base: SeqState) -> S:
         """A fresh state for a sequence right after prefill (``base.tokens`` = prompt + first token)."""

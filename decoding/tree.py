@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 import torch
 
 # Sources of draft nodes (bit flags: a merged node may come from several branches).
-PLD, POOL, JACOBI, DRAFT, WINDOW = 1, 2, 4, 8, 16
-SOURCE_NAMES = {PLD: "pld", POOL: "pool", JACOBI: "jacobi", DRAFT: "draft", WINDOW: "window"}
+# POOL: a lookahead pool n-gram taken from the text (prompt / output); HARVEST: one the
+# lookahead window produced; WINDOW: the window's own (private) nodes.
+PLD, POOL, JACOBI, DRAFT, WINDOW, HARVEST = 1, 2, 4, 8, 16, 32
+SOURCE_NAMES = {PLD: "pld", POOL: "pool", JACOBI: "jacobi", DRAFT: "draft", WINDOW: "window", HARVEST: "harvest"}
 
 
 @dataclass
@@ -25,6 +27,9 @@ class StepTree:
     candidate: list[bool] = field(default_factory=lambda: [True])  # may be accepted
     children: list[dict[int, int]] = field(default_factory=lambda: [{}])  # candidate children by token
     extra_logits: set[int] = field(default_factory=set)  # non-candidate nodes whose logits are wanted
+    # private nodes form numbered groups (a lookahead window column): a planner keeps or drops
+    # whole groups, and keeping groups 0 .. g - 1 keeps every private ancestor they need
+    group: list[int] = field(default_factory=lambda: [-1])
 
     @classmethod
     def root(cls, token: int) -> "StepTree":
@@ -37,7 +42,8 @@ class StepTree:
     def num_candidates(self) -> int:
         return sum(self.candidate) - 1
 
-    def _new(self, parent: int, token: int, source: int, candidate: bool) -> int:
+    def _new(self, parent: int, token: int, source: int, candidate: bool, group: int = -1) -> int:
+        self.group.append(group)
         self.tokens.append(token)
         self.parents.append(parent)
         self.depths.append(self.depths[parent] + 1)
@@ -65,13 +71,26 @@ class StepTree:
             node = nxt
         return path
 
-    def add_private_chain(self, parent: int, chain: list[int], source: int) -> list[int]:
+    def add_private_chain(self, parent: int, chain: list[int], source: int, group: int = -1) -> list[int]:
         """Non-candidate nodes (never merged, never accepted), e.g. the lookahead window."""
         path = []
         for tok in chain:
-            parent = self._new(parent, tok, source, False)
+            parent = self._new(parent, tok, source, False, group)
             path.append(parent)
         return path
+
+    def subtree(self, keep: list[int]) -> tuple["StepTree", list[int]]:
+        """The tree of the nodes ``keep`` (increasing, 0 first, every kept node's parent kept),
+        and for each of its nodes the node of this tree it came from."""
+        new_of = {old: new for new, old in enumerate(keep)}
+        if keep[:1] != [0] or any(self.parents[n] not in new_of for n in keep[1:]):
+            raise ValueError("a subtree keeps the root and the parent of every node it keeps")
+        sub = StepTree.root(self.tokens[0])
+        for old in keep[1:]:
+            sub._new(new_of[self.parents[old]], self.tokens[old], self.sources[old], self.candidate[old],
+                     self.group[old])
+        sub.extra_logits = {new_of[n] for n in self.extra_logits if n in new_of}
+        return sub, list(keep)
 
     def mask(self) -> torch.Tensor:
         """(T, T) bool: row i sees its ancestors and itself."""

@@ -8,7 +8,7 @@ from decoding.draft import draft_cache_keep
 from decoding.jacobi import initial_guess, next_guess
 from decoding.lookahead import harvest, slide
 from decoding.ngram_pool import NgramPool
-from decoding.tree import PLD, POOL, WINDOW, StepTree
+from decoding.tree import HARVEST, PLD, POOL, WINDOW, StepTree
 
 T, F = True, False
 
@@ -26,6 +26,11 @@ LEVELS = [[0, 11, 12], [20, 21, 22], [30, 31, 32]]  # N = 4, W = 3; levels[0][0]
 ])
 def test_harvest(real, want):
     assert harvest(9, LEVELS, real, [40, 41, 42]) == want
+
+
+def test_harvest_skips_columns_not_sent():
+    real = [[T, T, T], [T, T, T], [T, T, T]]
+    assert harvest(9, LEVELS, real, [40, None, 42]) == [(9, 20, 30, 40), (12, 22, 32, 42)]
 
 
 def test_harvest_n2_window_is_one_level():
@@ -46,6 +51,11 @@ def test_slide(skip, levels, real):
     assert got == (levels, real)
 
 
+def test_slide_keeps_unsent_columns_unreal():
+    got = slide([[1, 2, 3], [4, 5, 6]], [[T, T, T], [T, T, T]], [7, None, None], 0, lambda: 0)
+    assert got == ([[4, 5, 6], [7, 5, 6]], [[T, T, T], [T, F, F]])
+
+
 # ---- lookahead pool ------------------------------------------------------------------------------
 def test_ngram_pool_lru():
     pool = NgramPool(3, capacity=2)
@@ -58,6 +68,16 @@ def test_ngram_pool_lru():
     assert pool.get(7) == [] and len(pool) == 6  # 2 under key 1, one under each of 2, 3, 4, 5
     pool.add([1, 2])  # wrong length: ignored
     assert len(pool) == 6 and NgramPool(3, 0).get(1) == []
+
+
+def test_ngram_pool_origins():
+    pool = NgramPool(2, capacity=3)
+    pool.add([1, 2], HARVEST)
+    pool.add([1, 3])
+    pool.add([1, 2])  # the text gives it too: text origin
+    pool.add([1, 4], HARVEST)
+    pool.add([1, 3], HARVEST)  # stays a text n-gram, refreshed
+    assert pool.items(1) == [((3,), POOL), ((4,), HARVEST), ((2,), POOL)]
 
 
 @pytest.mark.parametrize("start, want", [
@@ -113,3 +133,19 @@ def test_trie_merging_with_caps():
     assert t.logit_nodes() == [0, 1, 2, 3, 4]  # private nodes need logits only when asked for
     t.extra_logits.add(6)
     assert t.logit_nodes() == [0, 1, 2, 3, 4, 6]
+
+
+def test_subtree_keeps_nodes_and_maps_them_back():
+    t = StepTree.root(0)
+    t.add_chain([1, 2, 3], PLD)  # nodes 1, 2, 3
+    t.add_chain([1, 5], POOL)  # node 4
+    w = t.add_private_chain(0, [7], WINDOW, group=0) + t.add_private_chain(0, [8, 9], WINDOW, group=1)
+    t.extra_logits.update(w)
+    sub, origin = t.subtree([0, 1, 4, 6])
+    assert origin == [0, 1, 4, 6]
+    assert sub.tokens == [0, 1, 5, 8] and sub.parents == [-1, 0, 1, 0] and sub.depths == [0, 1, 2, 1]
+    assert sub.sources == [0, PLD | POOL, POOL, WINDOW] and sub.group == [-1, -1, -1, 1]
+    assert sub.children == [{1: 1}, {5: 2}, {}, {}] and sub.extra_logits == {3}
+    assert sub.logit_nodes() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="parent"):
+        t.subtree([0, 2])

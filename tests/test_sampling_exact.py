@@ -17,6 +17,7 @@ from decoding.generate import generate
 from decoding.jacobi import JacobiConfig
 from decoding.lookahead import LookaheadConfig, LookaheadPLD
 from decoding.methods import make_proposer
+from decoding.planner import Planner, PlannerConfig
 from decoding.prompt_lookup import PromptLookupConfig
 from decoding.sampling import SamplingParams, probs_from_logits
 from helpers import ours_from_hf, tiny_hf_model
@@ -63,8 +64,9 @@ def exact_joint(model, sp: SamplingParams) -> torch.Tensor:
     return joint
 
 
-def empirical(model, proposer, sp: SamplingParams) -> tuple[torch.Tensor, int]:
-    res = generate(model, [PROMPT] * N_SAMPLES, proposer, max_new_tokens=3, sampling=sp, eos_token_ids=())
+def empirical(model, proposer, sp: SamplingParams, planner=None) -> tuple[torch.Tensor, int]:
+    res = generate(model, [PROMPT] * N_SAMPLES, proposer, max_new_tokens=3, sampling=sp, eos_token_ids=(),
+                   planner=planner)
     counts = torch.zeros(V, V, V, dtype=torch.float64)
     for r in res:
         counts[tuple(r.output_ids)] += 1
@@ -104,11 +106,15 @@ def method(name, target):
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
-@pytest.mark.parametrize("name", ["ar", "pld", "jacobi", "lookahead", "lookahead+pld", "draft"])
+@pytest.mark.parametrize("name", ["ar", "pld", "jacobi", "lookahead", "lookahead+pld", "draft", "planned"])
 def test_joint_of_first_three_tokens_matches_target(target, name, setting):
     sp = SETTINGS[setting]
     exact = exact_joint(target, sp)
-    counts, accepted = empirical(target, method(name, target), sp)
+    # "planned": lookahead+pld with the step planner pruning its trees (a made-up cost curve
+    # under which some drafts pay and some do not)
+    planner = Planner(lambda tokens: 100 + 0.02 * sum(tokens), PlannerConfig(learn_overhead=False)) \
+        if name == "planned" else None
+    counts, accepted = empirical(target, method("lookahead+pld" if name == "planned" else name, target), sp, planner)
     assert chi2_pvalue(counts, exact) > ALPHA
     if name != "ar":
         assert accepted > N_SAMPLES // 40  # drafts really were accepted: the verifier was exercised

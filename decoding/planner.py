@@ -1,0 +1,223 @@
+"""Cost-aware steps: each step sends the draft nodes whose expected gain pays for what they
+cost on this device (DESIGN.md, "Cost-aware steps").
+
+Two measured things decide it. The device's cost of a forward as a function of the step
+tokens of each sequence (``cost(step_tokens) -> ms``, e.g. ``models.cost.StepCost``), plus
+the host's per-step overhead learned from wall time. And, per sequence, the chance that a
+draft node is accepted given its parent was, per (source, depth, rank among siblings),
+smoothed towards the batch's shared estimate and a prior. A node's expected gain is the
+product of those chances along its path (its chance of being accepted). A lookahead window
+column earns future tokens through the n-grams it harvests (credited when a node that only
+the window's harvest proposed is accepted); it is worth ``window_rate`` tokens per column
+and step.
+
+Every candidate node and window column of the whole batch is ranked by expected tokens per
+step token; the step takes the prefix of that ranking that maximises expected new tokens per
+unit of predicted time (the batch's cost is that of its total tokens). Where nothing is
+likely to be accepted, or tokens are dear, steps shrink to one token per sequence: plain
+decoding, and never slower than it by the model's own estimate.
+"""
+
+from dataclasses import dataclass
+from typing import Callable
+
+from decoding.proposer import Outcome
+from decoding.tree import HARVEST, WINDOW, StepTree
+
+CostFn = Callable[[list[int]], float]  # step tokens of each sequence -> predicted ms of the forward
+
+MAX_DEPTH_KEY = 8  # depths beyond share one estimate
+
+
+@dataclass(slots=True)
+class PlannerConfig:
+    prior: float = 0.4  # chance a draft node is accepted given its parent was, before any evidence
+    prior_weight: float = 2.0  # pseudo-trials behind the prior (per key)
+    decay: float = 0.97  # a sequence's older trials fade by this factor per new trial of the same key
+    window_rate: float = 0.15  # tokens a lookahead window column earns per step, before evidence
+    window_weight: float = 50.0  # pseudo column-steps behind window_rate
+    max_tokens: int = 128  # most step tokens per sequence
+    learn_overhead: bool = True  # add the host's per-step time (wall time - predicted forward)
+
+    def __post_init__(self):
+        if not 0.0 < self.prior < 1.0:
+            raise ValueError(f"prior must be in (0, 1), got {self.prior}")
+        if self.prior_weight <= 0:
+            raise ValueError(f"prior_weight must be > 0, got {self.prior_weight}")
+        if not 0.0 < self.decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {self.decay}")
+        if self.window_rate < 0 or self.window_weight <= 0:
+            raise ValueError(f"window_rate must be >= 0 and window_weight > 0, got {self.window_rate}, "
+                             f"{self.window_weight}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+class Acceptance:
+    """Smoothed acceptance chances by key (source bit, depth, rank); ``shared`` is the
+    estimate a sequence's own evidence is smoothed towards (the batch's), else the prior."""
+
+    def __init__(self, cfg: PlannerConfig, shared: "Acceptance | None" = None):
+        self.cfg, self.shared = cfg, shared
+        self.hits: dict[tuple, float] = {}
+        self.trials: dict[tuple, float] = {}
+
+    def rate(self, key: tuple) -> float:
+        base = self.shared.rate(key) if self.shared is not None else self.cfg.prior
+        w = self.cfg.prior_weight
+        return (self.hits.get(key, 0.0) + base * w) / (self.trials.get(key, 0.0) + w)
+
+    def record(self, key: tuple, hit: bool) -> None:
+        d = self.cfg.decay
+        self.hits[key] = d * self.hits.get(key, 0.0) + hit
+        self.trials[key] = d * self.trials.get(key, 0.0) + 1.0
+        if self.shared is not None:
+            self.shared.record(key, hit)
+
+
+def node_keys(tree: StepTree, node: int) -> list[tuple]:
+    """The estimate keys of a candidate node: one per source bit it carries."""
+    parent = tree.parents[node]
+    rank = min(list(tree.children[parent].values()).index(node), 1)
+    depth = min(tree.depths[node], MAX_DEPTH_KEY)
+    bits = tree.sources[node] & ~WINDOW
+    return [(bit, depth, rank) for bit in _bits(bits)]
+
+
+def _bits(x: int) -> list[int]:
+    return [1 << i for i in range(x.bit_length()) if x >> i & 1]
+
+
+def node_probs(tree: StepTree, acc: Acceptance) -> list[float]:
+    """Each node's chance of being accepted (root 1; private nodes 0)."""
+    p = [1.0] + [0.0] * (len(tree) - 1)
+    for n in range(1, len(tree)):  # parents come before children
+        if tree.candidate[n]:
+            p[n] = p[tree.parents[n]] * max(acc.rate(k) for k in node_keys(tree, n))
+    return p
+
+
+@dataclass
+class _Item:
+    seq: int
+    value: float  # expected new tokens
+    tokens: int  # step tokens it adds
+    nodes: list[int]
+    order: tuple  # ties: shallower nodes and lower groups first (keeps every prefix closed)
+
+
+class Planner:
+    """One per generate call. ``budgets`` before proposing, ``select`` after, ``observe`` after
+    each step."""
+
+    def __init__(self, cost: CostFn, cfg: PlannerConfig | None = None):
+        self.cost, self.cfg = cost, cfg or PlannerConfig()
+        self.shared = Acceptance(self.cfg)
+        self.seq_acc: dict[int, Acceptance] = {}
+        self.window_credit = 0.0  # accepted tokens only the window's harvest proposed
+        self.window_columns = 0  # window columns sent
+        self.overhead_ms = 0.0
+        # for the benchmark: totals over the steps (seq_steps = sequences x steps)
+        self.log = dict(steps=0, seq_steps=0, step_tokens=0, expected_tokens=0.0, new_tokens=0,
+                        predicted_ms=0.0, measured_ms=0.0, one_token_ms=0.0)
+
+    # ---- estimates --------------------------------------------------------------------------
+    def acceptance(self, sid: int) -> Acceptance:
+        if sid not in self.seq_acc:
+            self.seq_acc[sid] = Acceptance(self.cfg, self.shared)
+        return self.seq_acc[sid]
+
+    @property
+    def window_rate(self) -> float:
+        c = self.cfg
+        return (self.window_credit + c.window_rate * c.window_weight) / (self.window_columns + c.window_weight)
+
+    def _time(self, tokens: list[int]) -> float:
+        return self.cost(tokens) + (self.overhead_ms if self.cfg.learn_overhead else 0.0)
+
+    # ---- before proposing -------------------------------------------------------------------
+    def max_depth(self, sids: list[int], sources: int) -> list[int]:
+        """Per sequence, the deepest chain of the proposer's ``sources`` worth verifying if
+        the rest of the batch sent one token each: the depth that maximises expected tokens
+        per unit of time along the best chain (rank 0, the best source at each depth)."""
+        bits = _bits(sources & ~WINDOW) or [0]
+        out = []
+        for b, sid in enumerate(sids):
+            acc, tokens = self.acceptance(sid), [1] * len(sids)
+            best, best_d, p, gain = len(sids) / self._time(tokens), 0, 1.0, float(len(sids))
+            for d in range(1, self.cfg.max_tokens):
+                p *= max(acc.rate((bit, min(d, MAX_DEPTH_KEY), 0)) for bit in bits)
+                gain += p
+                tokens[b] += 1
+                r = gain / self._time(tokens)
+                if r > best:
+                    best, best_d = r, d
+                if p < 1e-3:
+                    break
+            out.append(best_d)
+        return out
+
+    # ---- after proposing --------------------------------------------------------------------
+    def select(self, sids: list[int], trees: list[StepTree]) -> list[list[int]]:
+        """Per tree, the nodes to send (increasing, root first, closed under parents)."""
+        items = []
+        wrate = self.window_rate
+        all_probs = [node_probs(tree, self.acceptance(sid)) for sid, tree in zip(sids, trees)]
+        for b, (tree, probs) in enumerate(zip(trees, all_probs)):
+            for n in range(1, len(tree)):
+                if tree.candidate[n]:
+                    items.append(_Item(b, probs[n], 1, [n], (0, tree.depths[n], n)))
+            groups: dict[int, list[int]] = {}
+            for n in range(1, len(tree)):
+                if not tree.candidate[n] and tree.group[n] >= 0:
+                    groups.setdefault(tree.group[n], []).append(n)
+            for g, nodes in groups.items():
+                items.append(_Item(b, wrate, len(nodes), nodes, (1, g, 0)))
+        items.sort(key=lambda it: (-it.value / it.tokens, it.order))
+        tokens = [1] * len(trees)
+        gain = float(len(trees))
+        best, best_k = gain / self._time(tokens), 0
+        taken = []
+        for it in items:
+            if tokens[it.seq] + it.tokens > self.cfg.max_tokens:
+                continue
+            tokens[it.seq] += it.tokens
+            gain += it.value
+            taken.append(it)
+            r = gain / self._time(tokens)
+            if r > best:
+                best, best_k = r, len(taken)
+        keep = [[0] for _ in trees]
+        for it in taken[:best_k]:
+            keep[it.seq] += it.nodes
+        chosen = [sorted(k) for k in keep]
+        self.log["expected_tokens"] += sum(sum(p[n] for n in k) for p, k in zip(all_probs, chosen))
+        return chosen
+
+    # ---- after the step ---------------------------------------------------------------------
+    def observe(self, sid: int, outcome: Outcome) -> None:
+        """Learn from one sequence's step: trials for every sent candidate whose parent was
+        accepted; window credit and cost."""
+        tree, acc, on_path = outcome.tree, self.acceptance(sid), set(outcome.path)
+        for n in outcome.rows:
+            if n == 0 or not tree.candidate[n] or tree.parents[n] not in on_path:
+                continue
+            for key in node_keys(tree, n):
+                acc.record(key, n in on_path)
+            if n in on_path and tree.sources[n] == HARVEST:
+                self.window_credit += 1
+        self.window_columns += len({tree.group[n] for n in outcome.rows if not tree.candidate[n]
+                                    and tree.group[n] >= 0})
+
+    def observe_time(self, step_tokens: list[int], wall_ms: float, new_tokens: int) -> None:
+        """The whole step took ``wall_ms`` (propose to update) and gained ``new_tokens``."""
+        predicted = self.cost(step_tokens)
+        self.overhead_ms = max(0.0, 0.9 * self.overhead_ms + 0.1 * (wall_ms - predicted))
+        log = self.log
+        log["steps"] += 1
+        log["seq_steps"] += len(step_tokens)
+        log["step_tokens"] += sum(step_tokens)
+        log["new_tokens"] += new_tokens
+        log["predicted_ms"] += predicted
+        log["measured_ms"] += wall_ms
+        log["one_token_ms"] += self.cost([1] * len(step_tokens))

@@ -1,0 +1,139 @@
+"""The step planner: exact tables on synthetic cost curves, learning from outcomes, and
+losslessness with it on."""
+
+import pytest
+import torch
+
+from decoding import Outcome, Planner, PlannerConfig, generate, make_proposer
+from decoding.planner import Acceptance, node_probs
+from decoding.tree import HARVEST, PLD, POOL, WINDOW, StepTree
+from helpers import ours_from_hf, tiny_hf_model
+
+FIXED = PlannerConfig(prior=0.4, learn_overhead=False)
+
+
+def linear_cost(base: float, per_token: float):
+    """ms of a forward: base + per_token x all step tokens of the batch."""
+    return lambda tokens: base + per_token * sum(tokens)
+
+
+def chain(n: int, source: int = PLD) -> StepTree:
+    t = StepTree.root(0)
+    t.add_chain(list(range(1, n + 1)), source)
+    return t
+
+
+def test_node_probs_multiply_along_paths_and_rank():
+    t = chain(3)
+    t.add_chain([7], POOL)  # a second child of the root: rank 1
+    t.add_private_chain(0, [9], WINDOW, group=0)
+    acc = Acceptance(FIXED)
+    acc.hits[(POOL, 1, 1)], acc.trials[(POOL, 1, 1)] = 0.0, 2.0  # (0 + .4 * 2) / (2 + 2) = .2
+    assert node_probs(t, acc) == pytest.approx([1, 0.4, 0.16, 0.064, 0.2, 0.0])
+
+
+@pytest.mark.parametrize("cost, keep", [
+    (linear_cost(10, 1), [0, 1, 2]),  # (1 + .4 + .16) / 13 beats 1/11, 1.4/12 and 1.624/14
+    (linear_cost(10, 10), [0]),  # a token costs as much as the whole step: plain decoding
+    (linear_cost(10, 0), [0, 1, 2, 3, 4, 5, 6]),  # flat: send everything
+    (lambda tokens: 10 if sum(tokens) <= 4 else 100, [0, 1, 2, 3]),  # a cliff after 4 tokens
+])
+def test_select_on_a_chain(cost, keep):
+    assert Planner(cost, FIXED).select([0], [chain(6)]) == [keep]
+
+
+def test_select_ranks_nodes_across_the_batch():
+    # a: nothing accepted so far (rates near 0); b: everything accepted. Tokens cost 1 of 10.
+    plan = Planner(linear_cost(10, 1), FIXED)
+    for _ in range(20):
+        plan.acceptance(0).record((PLD, 1, 0), False)
+        for d in range(1, 5):
+            plan.acceptance(1).record((PLD, d, 0), True)
+    assert plan.select([0, 1], [chain(4), chain(4)]) == [[0], [0, 1, 2, 3, 4]]
+
+
+def test_window_columns_are_sent_whole_and_in_order():
+    t = chain(1)
+    for g in range(3):  # columns of 2 private nodes each
+        t.add_private_chain(0, [10 + g, 20 + g], WINDOW, group=g)
+    flat = Planner(linear_cost(10, 0), FIXED).select([0], [t])
+    assert flat == [list(range(len(t)))]
+    plan = Planner(linear_cost(10, 0.2), PlannerConfig(prior=0.4, learn_overhead=False, window_rate=0.3))
+    # a column is worth .3 tokens for .4 ms: the pld node (.4 tokens for .2 ms) goes first, then the columns
+    assert plan.select([0], [t]) == [list(range(len(t)))]
+    dear = Planner(linear_cost(10, 0.2), PlannerConfig(prior=0.4, learn_overhead=False, window_rate=0.01))
+    assert dear.select([0], [t]) == [[0, 1]]
+
+
+def test_max_depth_follows_the_cost_curve():
+    assert Planner(linear_cost(10, 1), FIXED).max_depth([0], PLD) == [2]
+    assert Planner(linear_cost(10, 10), FIXED).max_depth([0], PLD) == [0]
+    assert Planner(linear_cost(10, 0), PlannerConfig(max_tokens=16, learn_overhead=False)).max_depth([0], PLD)[0] > 5
+
+
+def outcome(tree, path, rows):
+    return Outcome(tree=tree, path=path, new_tokens=[1] * len(path), logits=torch.zeros(len(rows), 4),
+                   rows={n: j for j, n in enumerate(rows)}, sent=len(rows))
+
+
+def test_observe_counts_trials_whose_parent_was_accepted():
+    plan = Planner(linear_cost(10, 1), FIXED)
+    t = chain(3)
+    plan.observe(0, outcome(t, [0, 1], [0, 1, 2, 3]))  # node 1 accepted, node 2 rejected, node 3 untested
+    acc = plan.acceptance(0)
+    assert acc.trials == {(PLD, 1, 0): 1.0, (PLD, 2, 0): 1.0} and acc.hits == {(PLD, 1, 0): 1.0, (PLD, 2, 0): 0.0}
+    assert plan.shared.trials == acc.trials  # the batch's estimate learns too
+    assert acc.rate((PLD, 1, 0)) > 0.4 > acc.rate((PLD, 2, 0))
+    plan.observe(0, outcome(t, [0], [0, 1]))  # only what was sent counts
+    assert acc.trials[(PLD, 1, 0)] == pytest.approx(1 + FIXED.decay) and acc.trials[(PLD, 2, 0)] == 1.0
+
+
+def test_window_credit_and_cost():
+    plan = Planner(linear_cost(10, 1), FIXED)
+    t = StepTree.root(0)
+    t.add_chain([1], HARVEST)
+    t.add_chain([2], PLD | HARVEST)
+    t.add_private_chain(0, [5], WINDOW, group=0)
+    t.add_private_chain(0, [6], WINDOW, group=1)
+    before = plan.window_rate
+    plan.observe(0, outcome(t, [0, 1], [0, 1, 2, 3]))  # only column 0 was sent
+    assert plan.window_credit == 1 and plan.window_columns == 1 and plan.window_rate > before
+
+
+def test_overhead_is_learned_from_wall_time():
+    plan = Planner(linear_cost(10, 1), PlannerConfig())
+    for _ in range(100):
+        plan.observe_time([1], 31.0, 1)  # 11 ms predicted, 31 measured
+    assert plan.overhead_ms == pytest.approx(20, abs=0.1)
+    assert plan.log["steps"] == 100 and plan.log["predicted_ms"] == pytest.approx(1100)
+
+
+@pytest.mark.parametrize("bad, match", [(dict(prior=1.0), "prior"), (dict(decay=0), "decay"),
+                                        (dict(max_tokens=0), "max_tokens"), (dict(window_weight=0), "window")])
+def test_bad_planner_config(bad, match):
+    with pytest.raises(ValueError, match=match):
+        PlannerConfig(**bad)
+
+
+# ---- with the model --------------------------------------------------------------------------------
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 9], [1, 2, 3, 1, 2, 3, 1, 2, 3, 4, 5, 6, 1, 2, 3, 11, 12], [40],
+           [7, 7, 7, 7, 8, 8]]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return ours_from_hf(tiny_hf_model("llama", seed=3)).model
+
+
+@pytest.mark.parametrize("name", ["pld", "jacobi", "lookahead", "lookahead+pld"])
+@pytest.mark.parametrize("per_token", [0.0, 0.3, 5.0])
+def test_planned_steps_are_lossless_and_sized_by_cost(tiny, name, per_token):
+    ref = [generate(tiny, [p], max_new_tokens=20, eos_token_ids=())[0].output_ids for p in PROMPTS]
+    plan = Planner(linear_cost(10, per_token), FIXED)
+    res = generate(tiny, PROMPTS, make_proposer(name), planner=plan, max_new_tokens=20, eos_token_ids=())
+    assert [r.output_ids for r in res] == ref
+    tokens_per_seq_step = plan.log["step_tokens"] / plan.log["seq_steps"]
+    if per_token == 5.0:  # a token costs half a step: never worth it
+        assert tokens_per_seq_step == 1.0
+    if per_token == 0.0:  # free tokens: whatever the proposer has (PLD: only where the text matches)
+        assert tokens_per_seq_step > (4 if name.startswith("lookahead") else 1.5)
