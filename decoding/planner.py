@@ -34,6 +34,7 @@ class PlannerConfig:
     prior: float = 0.4  # chance a draft node is accepted given its parent was, before any evidence
     prior_weight: float = 2.0  # pseudo-trials behind the prior (per key)
     decay: float = 0.97  # a sequence's older trials fade by this factor per new trial of the same key
+    explore: float = 1.0  # optimism: plan with rate + explore * its standard error (few trials: try it)
     window_rate: float = 0.15  # tokens a lookahead window column earns per step, before evidence
     window_weight: float = 50.0  # pseudo column-steps behind window_rate
     max_tokens: int = 128  # most step tokens per sequence
@@ -49,6 +50,8 @@ class PlannerConfig:
         if self.window_rate < 0 or self.window_weight <= 0:
             raise ValueError(f"window_rate must be >= 0 and window_weight > 0, got {self.window_rate}, "
                              f"{self.window_weight}")
+        if self.explore < 0:
+            raise ValueError(f"explore must be >= 0, got {self.explore}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
 
@@ -66,6 +69,13 @@ class Acceptance:
         base = self.shared.rate(key) if self.shared is not None else self.cfg.prior
         w = self.cfg.prior_weight
         return (self.hits.get(key, 0.0) + base * w) / (self.trials.get(key, 0.0) + w)
+
+    def optimistic(self, key: tuple) -> float:
+        """The rate plus ``explore`` standard errors: what the planner plans with, so that
+        rarely tried drafts get tried (and learned) instead of being ruled out by the prior."""
+        p = self.rate(key)
+        n = self.trials.get(key, 0.0) + self.cfg.prior_weight
+        return min(p + self.cfg.explore * (p * (1 - p) / n) ** 0.5, 0.99)
 
     def record(self, key: tuple, hit: bool) -> None:
         d = self.cfg.decay
@@ -88,12 +98,14 @@ def _bits(x: int) -> list[int]:
     return [1 << i for i in range(x.bit_length()) if x >> i & 1]
 
 
-def node_probs(tree: StepTree, acc: Acceptance) -> list[float]:
-    """Each node's chance of being accepted (root 1; private nodes 0)."""
+def node_probs(tree: StepTree, acc: Acceptance, optimistic: bool = False) -> list[float]:
+    """Each node's chance of being accepted (root 1; private nodes 0), from the estimates or
+    from their optimistic bounds."""
+    rate = acc.optimistic if optimistic else acc.rate
     p = [1.0] + [0.0] * (len(tree) - 1)
     for n in range(1, len(tree)):  # parents come before children
         if tree.candidate[n]:
-            p[n] = p[tree.parents[n]] * max(acc.rate(k) for k in node_keys(tree, n))
+            p[n] = p[tree.parents[n]] * max(rate(k) for k in node_keys(tree, n))
     return p
 
 
@@ -146,7 +158,7 @@ class Planner:
             acc, tokens = self.acceptance(sid), [1] * len(sids)
             best, best_d, p, gain = len(sids) / self._time(tokens), 0, 1.0, float(len(sids))
             for d in range(1, self.cfg.max_tokens):
-                p *= max(acc.rate((bit, min(d, MAX_DEPTH_KEY), 0)) for bit in bits)
+                p *= max(acc.optimistic((bit, min(d, MAX_DEPTH_KEY), 0)) for bit in bits)
                 gain += p
                 tokens[b] += 1
                 r = gain / self._time(tokens)
@@ -162,7 +174,7 @@ class Planner:
         """Per tree, the nodes to send (increasing, root first, closed under parents)."""
         items = []
         wrate = self.window_rate
-        all_probs = [node_probs(tree, self.acceptance(sid)) for sid, tree in zip(sids, trees)]
+        all_probs = [node_probs(tree, self.acceptance(sid), optimistic=True) for sid, tree in zip(sids, trees)]
         for b, (tree, probs) in enumerate(zip(trees, all_probs)):
             for n in range(1, len(tree)):
                 if tree.candidate[n]:
@@ -191,7 +203,9 @@ class Planner:
         for it in taken[:best_k]:
             keep[it.seq] += it.nodes
         chosen = [sorted(k) for k in keep]
-        self.log["expected_tokens"] += sum(sum(p[n] for n in k) for p, k in zip(all_probs, chosen))
+        for sid, tree, k in zip(sids, trees, chosen):
+            probs = node_probs(tree, self.acceptance(sid))
+            self.log["expected_tokens"] += sum(probs[n] for n in k)
         return chosen
 
     # ---- after the step ---------------------------------------------------------------------

@@ -9,7 +9,7 @@ from decoding.planner import Acceptance, node_probs
 from decoding.tree import HARVEST, PLD, POOL, WINDOW, StepTree
 from helpers import ours_from_hf, tiny_hf_model
 
-FIXED = PlannerConfig(prior=0.4, learn_overhead=False)
+FIXED = PlannerConfig(prior=0.4, learn_overhead=False, explore=0.0)
 
 
 def linear_cost(base: float, per_token: float):
@@ -58,10 +58,11 @@ def test_window_columns_are_sent_whole_and_in_order():
         t.add_private_chain(0, [10 + g, 20 + g], WINDOW, group=g)
     flat = Planner(linear_cost(10, 0), FIXED).select([0], [t])
     assert flat == [list(range(len(t)))]
-    plan = Planner(linear_cost(10, 0.2), PlannerConfig(prior=0.4, learn_overhead=False, window_rate=0.3))
+    plan = Planner(linear_cost(10, 0.2), PlannerConfig(prior=0.4, learn_overhead=False, explore=0.0, window_rate=0.3))
     # a column is worth .3 tokens for .4 ms: the pld node (.4 tokens for .2 ms) goes first, then the columns
     assert plan.select([0], [t]) == [list(range(len(t)))]
-    dear = Planner(linear_cost(10, 0.2), PlannerConfig(prior=0.4, learn_overhead=False, window_rate=0.01))
+    dear = Planner(linear_cost(10, 0.2), PlannerConfig(prior=0.4, learn_overhead=False, explore=0.0,
+                                                       window_rate=0.01))
     assert dear.select([0], [t]) == [[0, 1]]
 
 
@@ -69,6 +70,17 @@ def test_max_depth_follows_the_cost_curve():
     assert Planner(linear_cost(10, 1), FIXED).max_depth([0], PLD) == [2]
     assert Planner(linear_cost(10, 10), FIXED).max_depth([0], PLD) == [0]
     assert Planner(linear_cost(10, 0), PlannerConfig(max_tokens=16, learn_overhead=False)).max_depth([0], PLD)[0] > 5
+
+
+def test_optimism_tries_what_the_prior_rules_out():
+    # a 2-token step costs 1.5x: a node at the prior .4 does not pay, its optimistic bound does
+    cost = linear_cost(10, 10)
+    assert Planner(cost, FIXED).select([0], [chain(3)]) == [[0]]
+    optimist = Planner(cost, PlannerConfig(prior=0.4, learn_overhead=False, explore=1.0))
+    assert optimist.select([0], [chain(3)]) == [[0, 1]]
+    for _ in range(30):  # evidence that it is rarely accepted ends the optimism
+        optimist.acceptance(0).record((PLD, 1, 0), False)
+    assert optimist.select([0], [chain(3)]) == [[0]]
 
 
 def outcome(tree, path, rows):
@@ -126,14 +138,14 @@ def tiny():
 
 
 @pytest.mark.parametrize("name", ["pld", "jacobi", "lookahead", "lookahead+pld"])
-@pytest.mark.parametrize("per_token", [0.0, 0.3, 5.0])
+@pytest.mark.parametrize("per_token", [0.0, 0.3, 100.0])
 def test_planned_steps_are_lossless_and_sized_by_cost(tiny, name, per_token):
     ref = [generate(tiny, [p], max_new_tokens=20, eos_token_ids=())[0].output_ids for p in PROMPTS]
-    plan = Planner(linear_cost(10, per_token), FIXED)
+    plan = Planner(linear_cost(10, per_token), PlannerConfig(learn_overhead=False))
     res = generate(tiny, PROMPTS, make_proposer(name), planner=plan, max_new_tokens=20, eos_token_ids=())
     assert [r.output_ids for r in res] == ref
     tokens_per_seq_step = plan.log["step_tokens"] / plan.log["seq_steps"]
-    if per_token == 5.0:  # a token costs half a step: never worth it
+    if per_token == 100.0:  # a token costs ten steps: never worth it
         assert tokens_per_seq_step == 1.0
     if per_token == 0.0:  # free tokens: whatever the proposer has (PLD: only where the text matches)
         assert tokens_per_seq_step > (4 if name.startswith("lookahead") else 1.5)
