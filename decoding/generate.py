@@ -9,7 +9,7 @@ The contract between this loop and a method is in ``decoding/proposer.py``.
 
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -59,6 +59,7 @@ def generate(
     runner: Optional[ModelRunner] = None,
     prefill_chunk: int = 512,
     progress: bool = False,
+    on_tokens: Optional[Callable[[int, list[int]], bool]] = None,
 ) -> list[GenerationResult]:
     """Generate for a batch of ragged prompts (lists of token ids) with one method.
 
@@ -66,7 +67,9 @@ def generate(
     proposer; with temperature > 0 every method samples exactly the target distribution.
     Each sequence has its own generator (seed, index), so a batch samples like single runs.
     ``planner`` (one per call) sizes every step to what it costs on the device; without one,
-    each step sends the proposer's whole tree.
+    each step sends the proposer's whole tree. ``on_tokens(index, new_tokens)`` is called
+    whenever sequence ``index`` gains tokens (streaming); returning True stops that sequence
+    (finish reason "stop", e.g. a stop string was reached).
     """
     proposer = proposer or Proposer()
     sampling = sampling or SamplingParams()
@@ -84,6 +87,8 @@ def generate(
     batch = _Batch(runner, proposer, seqs)
     try:
         batch.prefill(prefill_chunk, sampling, eos)
+        if on_tokens is not None:
+            _notify(on_tokens, seqs, [s.output for s in seqs])
         proposer.begin([s.state for s in seqs], ctx)
         bar = _progress_bar(progress, proposer.name, seqs)
         while active := batch.retire_finished():
@@ -94,6 +99,8 @@ def generate(
                                      sum(len(o.new_tokens) for o in outcomes))
             for s, o in zip(active, outcomes):
                 s.stats.record(o)
+            if on_tokens is not None:
+                _notify(on_tokens, active, [o.new_tokens for o in outcomes])
             bar.update(sum(len(o.new_tokens) for o in outcomes))
         bar.close()
     finally:
@@ -126,6 +133,12 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
         if planner is not None:
             planner.observe(s.state.sid, outcomes[-1])
     return outcomes
+
+
+def _notify(on_tokens, seqs: list[Sequence], new: list[list[int]]) -> None:
+    for s, tokens in zip(seqs, new):
+        if tokens and on_tokens(s.state.sid, list(tokens)) and s.finish is None:
+            s.finish = "stop"
 
 
 def _step_input(sid: int, tree: StepTree, logit_rows: list[int]) -> StepInput:

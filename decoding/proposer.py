@@ -141,7 +141,7 @@ class Sequence:
 
     state: SeqState
     max_new_tokens: int
-    finish: Optional[str] = None  # "eos" | "length"
+    finish: Optional[str] = None  # "eos" | "length" | "stop" (the caller's on_tokens said so)
     stats: SeqStats = field(default_factory=SeqStats)
 
     @property

@@ -265,3 +265,19 @@ def test_draft_model_with_another_vocabulary(tiny_torch):
 def test_generate_options_are_keyword_only(tiny_torch):
     with pytest.raises(TypeError):
         generate(tiny_torch, [[1, 2]], None, 4)
+
+
+def test_on_tokens_streams_and_stops(tiny_torch):
+    ref = [generate(tiny_torch, [p], max_new_tokens=12, eos_token_ids=())[0].output_ids for p in TINY_PROMPTS]
+    streamed = {i: [] for i in range(len(TINY_PROMPTS))}
+
+    def on_tokens(i, tokens):
+        streamed[i] += tokens
+        return i == 1 and len(streamed[i]) >= 5  # stop the second sequence after 5 tokens
+
+    res = generate(tiny_torch, TINY_PROMPTS, make_proposer("lookahead+pld"), max_new_tokens=12, eos_token_ids=(),
+                   on_tokens=on_tokens)
+    assert [streamed[i] for i in range(len(TINY_PROMPTS))] == [r.output_ids for r in res]
+    assert res[1].finish_reason == "stop" and 5 <= len(res[1].output_ids) < 12
+    assert res[1].output_ids == ref[1][:len(res[1].output_ids)]
+    assert [r.output_ids for i, r in enumerate(res) if i != 1] == [o for i, o in enumerate(ref) if i != 1]
