@@ -78,7 +78,7 @@ def generate(
     if prefill_chunk < 1:
         raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
     runner = runner or ModelRunner.for_batch(model, prompts, max_new_tokens)
-    seqs = [Sequence(SeqState(i, [int(t) for t in p], len(p), _generator(sampling, i)), max_new_tokens)
+    seqs = [Sequence(SeqState(i, [int(t) for t in p], len(p), _generator(sampling, i, runner.device)), max_new_tokens)
             for i, p in enumerate(prompts)]
     if max_new_tokens == 0:
         return [GenerationResult([], "length", len(s.state.tokens), s.stats) for s in seqs]
@@ -145,10 +145,12 @@ def _step_input(sid: int, tree: StepTree, logit_rows: list[int]) -> StepInput:
     return StepInput(sid, tree.tokens, tree.depths, None if tree.is_chain() else tree.mask(), logit_rows)
 
 
-def _generator(sampling: SamplingParams, index: int) -> Optional[torch.Generator]:
+def _generator(sampling: SamplingParams, index: int, device: torch.device) -> Optional[torch.Generator]:
+    """Sequence ``index``'s generator, on the device its probabilities live on (a CPU
+    generator cannot draw from CUDA tensors)."""
     if sampling.seed is None:
         return None
-    return torch.Generator().manual_seed(sampling.seed * 1_000_003 + index)
+    return torch.Generator(device=device).manual_seed(sampling.seed * 1_000_003 + index)
 
 
 class _Batch:

@@ -19,7 +19,7 @@ from decoding.tree import StepTree
 
 
 def _uniform(generator: Optional[torch.Generator]) -> float:
-    return float(torch.rand((), generator=generator))
+    return float(torch.rand((), generator=generator, device=None if generator is None else generator.device))
 
 
 def verify(tree: StepTree, logits: torch.Tensor, rows: dict[int, int], sampling: SamplingParams,

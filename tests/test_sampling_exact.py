@@ -164,3 +164,26 @@ def test_seeded_sampling_is_reproducible_and_batch_invariant(target):
     alone = generate(target, prompts[:1], max_new_tokens=8, sampling=sp, eos_token_ids=())[0].output_ids
     assert alone == a[0]
     assert len(set(itertools.chain(*a))) > 1
+
+
+def test_generators_live_on_the_model_device():
+    from decoding.generate import _generator
+
+    gen = _generator(SamplingParams(temperature=1.0, seed=3), 0, torch.device("cpu"))
+    assert gen.device.type == "cpu"
+    assert _generator(SamplingParams(temperature=1.0), 0, torch.device("cpu")) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_seeded_sampling_on_cuda():
+    hf = tiny_hf_model("llama", seed=11, vocab_size=V)
+    from models.config import ModelConfig
+    from models.loader import build_model
+    from kernels.backend import get_backend
+
+    model = build_model(ModelConfig.from_hf(hf.config.to_dict()), hf.state_dict(), get_backend("triton", "cuda"),
+                        device="cuda")
+    sp = SamplingParams(temperature=1.0, seed=5)
+    a = generate(model, [PROMPT] * 3, make_proposer("lookahead+pld"), max_new_tokens=6, sampling=sp, eos_token_ids=())
+    b = generate(model, [PROMPT] * 3, make_proposer("lookahead+pld"), max_new_tokens=6, sampling=sp, eos_token_ids=())
+    assert [r.output_ids for r in a] == [r.output_ids for r in b]
