@@ -21,7 +21,7 @@ import torch
 # `python bench/run.py` puts bench/ on sys.path, not the repository: make `bench.*` importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-ALL_METHODS = ("ar", "pld", "jacobi", "lookahead", "lookahead+pld", "draft")
+ALL_METHODS = ("ar", "pld", "jacobi", "lookahead", "lookahead+pld", "recycle", "suffix", "hybrid", "draft")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 

@@ -9,19 +9,23 @@ state (see decoding/proposer.py for the contract).
 
 from decoding.draft import DraftModel, DraftModelConfig
 from decoding.generate import GenerationResult, generate
+from decoding.hybrid import Hybrid, HybridConfig
 from decoding.jacobi import Jacobi, JacobiConfig
 from decoding.lookahead import Lookahead, LookaheadConfig, LookaheadPLD
 from decoding.methods import METHODS, make_proposer
 from decoding.planner import Planner, PlannerConfig
 from decoding.prompt_lookup import PromptLookup, PromptLookupConfig
 from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
+from decoding.recycle import Recycle, RecycleConfig
 from decoding.sampling import SamplingParams
 from decoding.stats import SeqStats
+from decoding.suffix import Suffix, SuffixConfig
 from decoding.tree import StepTree
 
 __all__ = [
     "generate", "GenerationResult", "SeqStats", "SamplingParams", "METHODS", "make_proposer",
     "Proposer", "SeqState", "Budget", "Context", "Outcome", "StepTree",
     "PromptLookup", "PromptLookupConfig", "Jacobi", "JacobiConfig", "Lookahead", "LookaheadPLD",
-    "LookaheadConfig", "DraftModel", "DraftModelConfig", "Planner", "PlannerConfig",
+    "LookaheadConfig", "Recycle", "RecycleConfig", "Suffix", "SuffixConfig", "Hybrid", "HybridConfig",
+    "DraftModel", "DraftModelConfig", "Planner", "PlannerConfig",
 ]

@@ -3,14 +3,18 @@
 from typing import Optional
 
 from decoding.draft import DraftModel, DraftModelConfig
+from decoding.hybrid import Hybrid, HybridConfig
 from decoding.jacobi import Jacobi, JacobiConfig
 from decoding.lookahead import Lookahead, LookaheadConfig, LookaheadPLD
 from decoding.prompt_lookup import PromptLookup, PromptLookupConfig
 from decoding.proposer import Proposer
+from decoding.recycle import Recycle, RecycleConfig
+from decoding.suffix import Suffix, SuffixConfig
 
-METHODS = ("ar", "pld", "jacobi", "lookahead", "lookahead+pld", "draft")
+METHODS = ("ar", "pld", "jacobi", "lookahead", "lookahead+pld", "recycle", "suffix", "hybrid", "draft")
 CONFIGS = {"pld": PromptLookupConfig, "jacobi": JacobiConfig, "lookahead": LookaheadConfig,
-           "lookahead+pld": LookaheadConfig, "draft": DraftModelConfig}
+           "lookahead+pld": LookaheadConfig, "recycle": RecycleConfig, "suffix": SuffixConfig,
+           "hybrid": HybridConfig, "draft": DraftModelConfig}
 
 
 def make_proposer(name: str, *, draft_model=None, config: Optional[object] = None) -> Proposer:
@@ -32,6 +36,12 @@ def make_proposer(name: str, *, draft_model=None, config: Optional[object] = Non
         return Lookahead(config)
     if name == "lookahead+pld":
         return LookaheadPLD(config)
+    if name == "recycle":
+        return Recycle(config)
+    if name == "suffix":
+        return Suffix(config)
+    if name == "hybrid":
+        return Hybrid(config)
     if draft_model is None:
         raise ValueError("method 'draft' needs a draft model (--draft-model): a small model sharing the tokenizer")
     return DraftModel(draft_model, config)

@@ -27,6 +27,7 @@ from decoding.tree import HARVEST, WINDOW, StepTree
 CostFn = Callable[[list[int]], float]  # step tokens of each sequence -> predicted ms of the forward
 
 MAX_DEPTH_KEY = 8  # depths beyond share one estimate
+MAX_RANK_KEY = 3  # so do sibling ranks (0 = the first child of its parent, e.g. the top-1 prediction)
 
 
 @dataclass(slots=True)
@@ -88,7 +89,7 @@ class Acceptance:
 def node_keys(tree: StepTree, node: int) -> list[tuple]:
     """The estimate keys of a candidate node: one per source bit it carries."""
     parent = tree.parents[node]
-    rank = min(list(tree.children[parent].values()).index(node), 1)
+    rank = min(list(tree.children[parent].values()).index(node), MAX_RANK_KEY)
     depth = min(tree.depths[node], MAX_DEPTH_KEY)
     bits = tree.sources[node] & ~WINDOW
     return [(bit, depth, rank) for bit in _bits(bits)]

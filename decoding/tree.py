@@ -13,9 +13,11 @@ import torch
 
 # Sources of draft nodes (bit flags: a merged node may come from several branches).
 # POOL: a lookahead pool n-gram taken from the text (prompt / output); HARVEST: one the
-# lookahead window produced; WINDOW: the window's own (private) nodes.
-PLD, POOL, JACOBI, DRAFT, WINDOW, HARVEST = 1, 2, 4, 8, 16, 32
-SOURCE_NAMES = {PLD: "pld", POOL: "pool", JACOBI: "jacobi", DRAFT: "draft", WINDOW: "window", HARVEST: "harvest"}
+# lookahead window produced; WINDOW: the window's own (private) nodes; RECYCLE: the model's
+# own earlier top-k predictions (token recycling); SUFFIX: the suffix trie's continuations.
+PLD, POOL, JACOBI, DRAFT, WINDOW, HARVEST, RECYCLE, SUFFIX = 1, 2, 4, 8, 16, 32, 64, 128
+SOURCE_NAMES = {PLD: "pld", POOL: "pool", JACOBI: "jacobi", DRAFT: "draft", WINDOW: "window", HARVEST: "harvest",
+                RECYCLE: "recycle", SUFFIX: "suffix"}
 
 
 @dataclass
@@ -60,16 +62,23 @@ class StepTree:
         tree holds ``max_nodes`` candidates. Returns the chain's nodes (shared ones included)."""
         node, path = 0, []
         for tok in chain:
-            nxt = self.children[node].get(tok)
+            nxt = self.add_child(node, tok, source, max_nodes)
             if nxt is None:
-                if max_nodes is not None and self.num_candidates >= max_nodes:
-                    break
-                nxt = self._new(node, tok, source, True)
-            else:
-                self.sources[nxt] |= source
+                break
             path.append(nxt)
             node = nxt
         return path
+
+    def add_child(self, parent: int, token: int, source: int, max_nodes: int | None = None) -> int | None:
+        """The candidate child ``token`` of ``parent``: merged with an existing one (its
+        sources OR-ed), else created unless the tree already holds ``max_nodes`` candidates."""
+        node = self.children[parent].get(token)
+        if node is not None:
+            self.sources[node] |= source
+            return node
+        if max_nodes is not None and self.num_candidates >= max_nodes:
+            return None
+        return self._new(parent, token, source, True)
 
     def add_private_chain(self, parent: int, chain: list[int], source: int, group: int = -1) -> list[int]:
         """Non-candidate nodes (never merged, never accepted), e.g. the lookahead window."""

@@ -5,10 +5,14 @@ import itertools
 import pytest
 
 from decoding.draft import draft_cache_keep
+from decoding.recycle import grow_tree as grow_recycled
+from decoding.recycle import refresh, seed_table
+from decoding.suffix import SuffixTrie
+from decoding.suffix import grow_tree as grow_suffix
 from decoding.jacobi import initial_guess, next_guess
 from decoding.lookahead import harvest, slide
 from decoding.ngram_pool import NgramPool
-from decoding.tree import HARVEST, PLD, POOL, WINDOW, StepTree
+from decoding.tree import HARVEST, PLD, POOL, RECYCLE, WINDOW, StepTree
 
 T, F = True, False
 
@@ -149,3 +153,70 @@ def test_subtree_keeps_nodes_and_maps_them_back():
     assert sub.logit_nodes() == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="parent"):
         t.subtree([0, 2])
+
+
+# ---- token recycling ------------------------------------------------------------------------------------
+def test_recycle_seed_table_from_text():
+    assert seed_table([1, 2, 1, 3, 1, 2, 4], top_k=2) == {1: [2, 3], 2: [4, 1], 3: [1]}
+
+
+def test_recycle_refresh_puts_later_rows_last():
+    table = {1: [5, 6]}
+    refresh(table, [1, 2, 1], [[7, 8], [9, 9], [3, 4]])
+    assert table == {1: [3, 4], 2: [9, 9]}
+
+
+def test_recycle_tree_is_breadth_first_with_widths():
+    table = {0: [1, 2, 3], 1: [4, 5], 2: [6, 1], 4: [7], 6: [8]}
+    t = StepTree.root(0)
+    grow_recycled(t, table, widths=(2, 2, 1), max_depth=5, max_nodes=10)
+    # depth 1: 1, 2 (width 2 of [1, 2, 3]); depth 2: 1 -> 4, 5; 2 -> 6, 1; depth 3: 4 -> 7, 6 -> 8, 1 -> 4
+    assert t.tokens == [0, 1, 2, 4, 5, 6, 1, 7, 8, 4]
+    assert t.parents == [-1, 0, 0, 1, 1, 2, 2, 3, 5, 6]
+    assert all(s == RECYCLE for s in t.sources[1:])
+    t = StepTree.root(0)
+    grow_recycled(t, table, widths=(2, 2, 1), max_depth=1, max_nodes=10)
+    assert t.tokens == [0, 1, 2]
+    t = StepTree.root(0)
+    grow_recycled(t, table, widths=(2, 2, 1), max_depth=5, max_nodes=3)
+    assert t.tokens == [0, 1, 2, 4]
+
+
+# ---- suffix trie ------------------------------------------------------------------------------------------
+def test_suffix_trie_counts_substrings():
+    trie = SuffixTrie(depth=3)
+    trie.extend([1, 2, 1, 2, 3])
+    count = {(1,): 2, (2,): 2, (3,): 1, (1, 2): 2, (2, 1): 1, (2, 3): 1, (1, 2, 1): 1, (1, 2, 3): 1,
+             (2, 1, 2): 1}
+    for sub, n in count.items():
+        assert trie.count[trie.find(list(sub))] == n, sub
+    assert trie.find([1, 2, 1, 2]) is None  # deeper than depth
+    assert len(trie) == 1 + len(count)
+
+
+def test_suffix_match_and_tree():
+    trie = SuffixTrie(depth=6)
+    trie.extend([5, 1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 4, 0, 1, 2])
+    m = trie.own_match(max_match=4)
+    assert trie.level[m] == 2 and trie.find([1, 2]) == m  # "3 1 2" never occurred before; "1 2" did
+    t = StepTree.root(2)
+    grow_suffix(t, trie, m, max_depth=3, max_nodes=8, min_prob=0.2)
+    # after "1 2": 3 twice, 4 once -> 3 (2/3), 4 (1/3); after "1 2 3": 9, 7 (1/3 each); after
+    # "1 2 4": 0 (1/3); then each of those continues with 1 (1/3), best first, ties in order
+    assert t.tokens == [2, 3, 4, 9, 7, 0, 1, 1, 1] and t.parents == [-1, 0, 0, 1, 1, 2, 3, 4, 5]
+    t = StepTree.root(2)
+    grow_suffix(t, trie, m, max_depth=3, max_nodes=8, min_prob=0.34)  # every 1/3 path is dropped
+    assert t.tokens == [2, 3]
+    t = StepTree.root(2)
+    grow_suffix(t, trie, m, max_depth=3, max_nodes=3, min_prob=0.0)  # the node cap
+    assert t.tokens == [2, 3, 4, 9]
+
+
+def test_suffix_store_sees_other_streams_only_when_shared():
+    trie = SuffixTrie(depth=4)
+    trie.extend([1, 2, 3])
+    trie.new_stream()
+    trie.extend([4, 5])
+    assert trie.find([3, 4]) is None  # no substring spans two streams
+    assert trie.store_match([9, 9, 1, 2], max_match=3) == trie.find([1, 2])
+    assert trie.store_match([9, 9], max_match=3) is None

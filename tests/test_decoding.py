@@ -7,8 +7,9 @@ import random
 import pytest
 import torch
 
-from decoding import (Budget, Context, DraftModel, DraftModelConfig, JacobiConfig, LookaheadConfig, Proposer,
-                      PromptLookup, PromptLookupConfig, SamplingParams, SeqState, generate, make_proposer)
+from decoding import (Budget, Context, DraftModel, DraftModelConfig, HybridConfig, JacobiConfig, LookaheadConfig,
+                      Proposer, PromptLookup, PromptLookupConfig, RecycleConfig, SamplingParams, SeqState,
+                      SuffixConfig, generate, make_proposer)
 from decoding.methods import METHODS
 from helpers import ours_from_hf, tiny_draft, tiny_hf_model
 from kernels.backend import TorchBackend
@@ -281,3 +282,27 @@ def test_on_tokens_streams_and_stops(tiny_torch):
     assert res[1].finish_reason == "stop" and 5 <= len(res[1].output_ids) < 12
     assert res[1].output_ids == ref[1][:len(res[1].output_ids)]
     assert [r.output_ids for i, r in enumerate(res) if i != 1] == [o for i, o in enumerate(ref) if i != 1]
+
+
+@pytest.mark.parametrize("name, cfg", [("suffix", SuffixConfig), ("hybrid", None)])
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_sequence_sees_others_only_through_an_opt_in_store(name, cfg, shared):
+    config = cfg(shared=shared) if cfg else HybridConfig(suffix=SuffixConfig(shared=shared),
+                                                         recycle=RecycleConfig(seed_from_prompt=False))
+    p = make_proposer(name, config=config)
+    other = p.init_state(SeqState(0, [9, 8, 7, 6, 5], 5))
+    p.end(other)  # it finished: its text enters the store if there is one
+    mine = p.init_state(SeqState(1, [1, 2, 9, 8], 4))
+    tree = p.propose([mine], [Budget(max_depth=4)], ctx())[0]
+    assert (7 in tree.tokens[1:]) == shared
+
+
+def test_recycled_predictions_stay_with_their_sequence():
+    p = make_proposer("recycle", config=RecycleConfig(seed_from_prompt=False))
+    a, b = p.init_state(SeqState(0, [1, 2], 2)), p.init_state(SeqState(1, [3, 2], 2))
+    a.table[2] = [5, 6]
+    assert p.propose([b], [Budget(max_depth=3)], ctx())[0].tokens == [2]
+    shared = make_proposer("recycle", config=RecycleConfig(seed_from_prompt=False, shared=True))
+    a, b = shared.init_state(SeqState(0, [1, 2], 2)), shared.init_state(SeqState(1, [3, 2], 2))
+    a.table[2] = [5, 6]
+    assert shared.propose([b], [Budget(max_depth=1)], ctx())[0].tokens[1:] == [5, 6]

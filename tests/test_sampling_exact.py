@@ -15,6 +15,7 @@ import torch
 from decoding.draft import DraftModel, DraftModelConfig
 from decoding.generate import generate
 from decoding.jacobi import JacobiConfig
+from decoding.hybrid import HybridConfig
 from decoding.lookahead import LookaheadConfig, LookaheadPLD
 from decoding.methods import make_proposer
 from decoding.planner import Planner, PlannerConfig
@@ -98,6 +99,8 @@ def method(name, target):
         return DraftModel(peaky_model(12), DraftModelConfig(num_draft=3))
     if name.startswith("lookahead"):
         return make_proposer(name, config=LookaheadConfig(**SMALL_LA))
+    if name == "hybrid":
+        return make_proposer(name, config=HybridConfig(lookahead=LookaheadConfig(**SMALL_LA)))
     if name == "pld":
         return make_proposer(name, config=PromptLookupConfig(num_candidates=2))  # a tree of two chains
     if name == "jacobi":
@@ -106,7 +109,8 @@ def method(name, target):
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
-@pytest.mark.parametrize("name", ["ar", "pld", "jacobi", "lookahead", "lookahead+pld", "draft", "planned"])
+@pytest.mark.parametrize("name", ["ar", "pld", "jacobi", "lookahead", "lookahead+pld", "recycle", "suffix", "hybrid",
+                                  "draft", "planned"])
 def test_joint_of_first_three_tokens_matches_target(target, name, setting):
     sp = SETTINGS[setting]
     exact = exact_joint(target, sp)

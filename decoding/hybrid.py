@@ -1,0 +1,86 @@
+"""Every draft source in ONE trie and ONE forward: the lookahead window (private) and its
+pool n-grams, prompt lookup, the suffix trie's continuations and the model's recycled top-k
+predictions. Each node carries its sources; with a step planner every node is scored by its
+estimated chance of acceptance (per source, depth and rank, learned per sequence) and the
+step takes the best ones the device's cost allows.
+"""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from decoding.lookahead import LookaheadConfig, LookaheadPLD, LookaheadState
+from decoding.proposer import Budget, Context, Outcome, SeqState
+from decoding.recycle import RecycleConfig, Table, learn_from, seed_table
+from decoding.recycle import grow_tree as grow_recycled
+from decoding.suffix import SuffixConfig, SuffixStore, SuffixTrie, sync
+from decoding.suffix import grow_tree as grow_suffix
+from decoding.tree import HARVEST, PLD, POOL, RECYCLE, SUFFIX, WINDOW, StepTree
+
+
+@dataclass(slots=True)
+class HybridConfig:
+    lookahead: LookaheadConfig = field(default_factory=LookaheadConfig)  # window, pool and its PLD (.pld)
+    recycle: RecycleConfig = field(default_factory=RecycleConfig)
+    suffix: SuffixConfig = field(default_factory=SuffixConfig)
+    max_nodes: int = 128  # candidate nodes per step at most (before the planner)
+
+    def __post_init__(self):
+        if self.max_nodes < 1:
+            raise ValueError(f"max_nodes must be >= 1, got {self.max_nodes}")
+
+
+@dataclass(eq=False, kw_only=True)
+class HybridState(LookaheadState):
+    table: Table = field(default_factory=dict)
+    trie: Optional[SuffixTrie] = None
+    indexed: int = 0
+
+
+class Hybrid(LookaheadPLD):
+    name = "hybrid"
+    sources = PLD | POOL | HARVEST | WINDOW | RECYCLE | SUFFIX
+
+    def __init__(self, cfg: Optional[HybridConfig] = None):
+        self.hcfg = cfg or HybridConfig()
+        super().__init__(self.hcfg.lookahead)
+        self.shared_table: Table = {}
+        sc = self.hcfg.suffix
+        self.store = SuffixStore(sc.depth, sc.store_nodes) if sc.shared else None
+
+    def init_state(self, base: SeqState) -> HybridState:
+        la = super().init_state(base)
+        rc = self.hcfg.recycle
+        table = self.shared_table if rc.shared else {}
+        if rc.seed_from_prompt:
+            for tok, row in seed_table(base.prompt, rc.top_k).items():
+                table.setdefault(tok, row)
+        state = HybridState(**vars(la), table=table, trie=SuffixTrie(self.hcfg.suffix.depth))
+        sync(state)
+        return state
+
+    def propose(self, states: list[HybridState], budgets: list[Budget], ctx: Context) -> list[StepTree]:
+        h = self.hcfg
+        capped = [Budget(max_depth=b.max_depth, max_nodes=min(b.max_nodes, h.max_nodes)) for b in budgets]
+        trees = super().propose(states, capped, ctx)  # prompt lookup, pool n-grams, the window
+        for s, b, tree in zip(states, capped, trees):
+            if b.max_depth <= 0:
+                continue
+            match = s.trie.own_match(h.suffix.max_match)
+            if match is not None:
+                grow_suffix(tree, s.trie, match, b.max_depth, b.max_nodes, h.suffix.min_prob)
+            if self.store is not None:
+                shared = self.store.trie.store_match(s.tokens, h.suffix.max_match)
+                if shared is not None:
+                    grow_suffix(tree, self.store.trie, shared, b.max_depth, b.max_nodes, h.suffix.min_prob)
+            grow_recycled(tree, s.table, h.recycle.widths, b.max_depth, b.max_nodes)
+        return trees
+
+    def update(self, state: HybridState, outcome: Outcome) -> None:
+        super().update(state, outcome)
+        learn_from(state.table, outcome, self.hcfg.recycle.top_k)
+        sync(state)
+
+    def end(self, state: SeqState) -> None:
+        if self.store is not None:
+            self.store.add(state.tokens)
+

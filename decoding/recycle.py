@@ -1,0 +1,113 @@
+"""Token recycling (Luo et al. 2024, "Turning Trash into Treasure: Accelerating Inference of
+Large Language Models with Token Recycling"): the top-k next tokens the model predicted after
+each token, refreshed from every row a step computed anyway (one batched top-k on the
+device), are the drafts: a tree grown breadth-first from the root through that table.
+
+The table is per sequence by default; ``shared=True`` keeps one table for the whole batch and
+every later generate call of the same proposer (the paper's global matrix: a warm start, at
+the price of sequences seeing each other's predictions).
+"""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
+from decoding.tree import RECYCLE, StepTree
+
+Table = dict[int, list[int]]  # token -> the model's top-k next tokens after it, best first
+
+
+@dataclass(slots=True)
+class RecycleConfig:
+    top_k: int = 8  # next tokens kept per token
+    widths: tuple[int, ...] = (8, 3, 2, 1, 1, 1, 1)  # children per node at depth 1, 2, ... of the draft tree
+    max_nodes: int = 48  # draft nodes per step at most (before the planner)
+    seed_from_prompt: bool = True  # before the model predicts after a token, use what followed it in the prompt
+    shared: bool = False  # one table for the batch and later calls (sequences then see each other's predictions)
+
+    def __post_init__(self):
+        if self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if not self.widths or min(self.widths) < 1 or max(self.widths) > self.top_k:
+            raise ValueError(f"widths must be a non-empty list of values in [1, top_k={self.top_k}], got {self.widths}")
+        if self.max_nodes < 1:
+            raise ValueError(f"max_nodes must be >= 1, got {self.max_nodes}")
+
+
+def seed_table(tokens: list[int], top_k: int, table: Optional[Table] = None) -> Table:
+    """Each token's successors in ``tokens``, most recent first, distinct, at most top_k."""
+    table = {} if table is None else table
+    for a, b in zip(tokens, tokens[1:]):
+        row = table.setdefault(a, [])
+        if b in row:
+            row.remove(b)
+        row.insert(0, b)
+        del row[top_k:]
+    return table
+
+
+def grow_tree(tree: StepTree, table: Table, widths: tuple[int, ...], max_depth: int, max_nodes: int,
+              source: int = RECYCLE) -> None:
+    """Breadth-first from the root: every node at depth d gets its token's first widths[d]
+    recycled successors as children (merged with what the tree holds), parents in the order
+    they were reached, until ``max_nodes`` candidates or ``max_depth``."""
+    level = [0]
+    for d in range(min(len(widths), max_depth)):
+        nxt = []
+        for node in level:
+            for tok in table.get(tree.tokens[node], [])[:widths[d]]:
+                child = tree.add_child(node, tok, source, max_nodes)
+                if child is None:
+                    return
+                nxt.append(child)
+        level = nxt
+
+
+def refresh(table: Table, tokens: list[int], top: list[list[int]]) -> None:
+    """``top[i]`` = the model's best next tokens after a row whose token is ``tokens[i]``;
+    later rows overwrite earlier ones (callers put the accepted path last)."""
+    for tok, row in zip(tokens, top):
+        table[tok] = row
+
+
+@dataclass(eq=False, kw_only=True)
+class RecycleState(SeqState):
+    table: Table = field(default_factory=dict)
+
+
+class Recycle(Proposer[RecycleState]):
+    name = "recycle"
+    State = RecycleState
+    sources = RECYCLE
+
+    def __init__(self, cfg: Optional[RecycleConfig] = None):
+        self.cfg = cfg or RecycleConfig()
+        self.shared_table: Table = {}
+
+    def init_state(self, base: SeqState) -> RecycleState:
+        table = self.shared_table if self.cfg.shared else {}
+        if self.cfg.seed_from_prompt:
+            seeded = seed_table(base.prompt, self.cfg.top_k)
+            for tok, row in seeded.items():
+                table.setdefault(tok, row)  # the model's own predictions win over the text
+        return RecycleState(**base.seq_fields(), table=table)
+
+    def propose(self, states: list[RecycleState], budgets: list[Budget], ctx: Context) -> list[StepTree]:
+        trees = []
+        for s, b in zip(states, budgets):
+            tree = StepTree.root(s.root)
+            grow_tree(tree, s.table, self.cfg.widths, b.max_depth, min(b.max_nodes, self.cfg.max_nodes))
+            trees.append(tree)
+        return trees
+
+    def update(self, state: RecycleState, outcome: Outcome) -> None:
+        learn_from(state.table, outcome, self.cfg.top_k)
+
+
+def learn_from(table: Table, outcome: Outcome, top_k: int) -> None:
+    """Refresh the table from every row of the step, the accepted path last."""
+    on_path = set(outcome.path)
+    nodes = sorted(outcome.rows, key=lambda n: (n in on_path, n))
+    k = min(top_k, outcome.logits.shape[-1])
+    top = outcome.logits[[outcome.rows[n] for n in nodes]].topk(k, dim=-1).indices.tolist()
+    refresh(table, [outcome.tree.tokens[n] for n in nodes], top)
