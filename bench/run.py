@@ -180,6 +180,21 @@ def main(argv=None) -> int:
     def encode(messages):
         return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
 
+    skipped = []
+
+    def fits(rec) -> bool:
+        """A prompt the model's context cannot hold is reported (by record) and skipped; the
+        other records go on."""
+        n, ctx = len(encode(rec["messages"])), model.cfg.max_position_embeddings
+        if n + args.max_new_tokens <= ctx:
+            return True
+        msg = (f"record {rec['id']} ({rec['task']}): prompt of {n} tokens + --max-new-tokens {args.max_new_tokens} "
+               f"exceeds the model context of {ctx} tokens; skipped")
+        print(f"error: {msg}", file=sys.stderr)
+        skipped.append(msg)
+        bar.update(1)
+        return False
+
     # warm-up: first calls pay for allocation and (on a GPU) compilation
     generate(model, [encode(records[0]["messages"])], make_method("ar", args, draft), max_new_tokens=4, sampling=sp)
 
@@ -192,6 +207,7 @@ def main(argv=None) -> int:
             by_task.setdefault(r["task"], []).append(r)
         todo, follow = [], []
         for task, recs in by_task.items():
+            recs = [r for r in recs if fits(r)]
             for i in range(0, len(recs), args.batch_size):
                 batch = recs[i:i + args.batch_size]
                 prompts = [encode(r["messages"]) for r in batch]
@@ -226,6 +242,8 @@ def main(argv=None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     head = header(args, model, device_name)
+    if skipped:
+        head["skipped"] = skipped
     tasks = list(dict.fromkeys(r["task"] for r in results))
     (args.out / "results.json").write_text(json.dumps({"header": head, "records": results}, indent=1))
     md = markdown(results, head, [m for m in methods if any(r["method"] == m for r in results)], tasks)

@@ -13,7 +13,7 @@ FIELDS = ("task", "method", "prompt_tokens", "new_tokens", "forwards", "tau", "t
           "output_ids")
 
 
-def test_user_prompt_file_with_compare_hf(tmp_path):
+def test_user_prompt_file_with_compare_hf(tmp_path, capsys):
     from bench.run import main
 
     prompts = tmp_path / "mine.jsonl"
@@ -21,12 +21,15 @@ def test_user_prompt_file_with_compare_hf(tmp_path):
         json.dumps({"task": "qa", "prompt": "Read: The cat sat on the mat. The cat is black. "
                                             "Question: What colour is the cat?"}) + "\n"
         + json.dumps({"task": "chat", "messages": [{"role": "user", "content": "Name three primary colours."}]})
-        + "\n")
+        + "\n" + json.dumps({"task": "qa", "prompt": "word " * 9000}) + "\n")  # longer than the context
     out = tmp_path / "out"
     rc = main(["--prompts", str(prompts), "--methods", "pld,lookahead+pld", "--max-new-tokens", "12",
                "--compare-hf", "--out", str(out)])
     assert rc == 0
+    err = capsys.readouterr().err
+    assert "exceeds the model context of 8192 tokens; skipped" in err  # the long record, named; the rest ran
     data = json.loads((out / "results.json").read_text())
+    assert len(data["header"]["skipped"]) == 1
     assert {"device", "dtype", "kernel", "model", "versions"} <= set(data["header"])
     recs = data["records"]
     methods = ("ar", "pld", "lookahead+pld", "hf", "hf-pld")
