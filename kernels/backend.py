@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from kernels import kv_ops, ngram_match as ngram_mod, tree_attention as attn_mod
+from kernels import kv_ops, ngram_match as ngram_mod, torch_plan, tree_attention as attn_mod
 
 
 @dataclass
@@ -28,12 +28,17 @@ class Backend(abc.ABC):
 
     name = "base"
 
+    def plan(self, meta: StepMeta, block_size: int, sliding_window: Optional[int]):
+        """Work shared by every layer of one step, done once per forward (None: nothing)."""
+        return None
+
     @abc.abstractmethod
-    def attention(self, q, k_cache, v_cache, meta: StepMeta, scale: float, sliding_window: Optional[int]):
+    def attention(self, q, k_cache, v_cache, meta: StepMeta, scale: float, sliding_window: Optional[int],
+                  plan=None):
         """See the matching function in kernels/."""
 
     @abc.abstractmethod
-    def kv_store(self, k_cache, v_cache, k, v, slot_mapping) -> None:
+    def kv_store(self, k_cache, v_cache, k, v, slot_mapping, plan=None) -> None:
         """See the matching function in kernels/."""
 
     @abc.abstractmethod
@@ -53,13 +58,22 @@ class TorchBackend(Backend):
 
     name = "torch"
 
-    def attention(self, q, k_cache, v_cache, meta, scale, sliding_window):
+    def plan(self, meta, block_size, sliding_window):
+        return torch_plan.plan_step(meta.cu_seqlens_q, meta.positions, meta.block_tables, meta.context_lens,
+                                    meta.slot_mapping, meta.mask, meta.causal, block_size, sliding_window)
+
+    def attention(self, q, k_cache, v_cache, meta, scale, sliding_window, plan=None):
+        if plan is not None:  # the same computation, with the per-step work done once (kernels/torch_plan.py)
+            return torch_plan.attention_planned(q, k_cache, v_cache, plan, scale)
         return attn_mod.tree_attention_ref(
             q, k_cache, v_cache, meta.cu_seqlens_q, meta.positions, meta.block_tables, meta.context_lens,
             mask=meta.mask, causal=meta.causal, scale=scale, sliding_window=sliding_window)
 
-    def kv_store(self, k_cache, v_cache, k, v, slot_mapping):
-        kv_ops.kv_store_ref(k_cache, v_cache, k, v, slot_mapping)
+    def kv_store(self, k_cache, v_cache, k, v, slot_mapping, plan=None):
+        if plan is not None:
+            torch_plan.kv_store_planned(k_cache, v_cache, k, v, plan)
+        else:
+            kv_ops.kv_store_ref(k_cache, v_cache, k, v, slot_mapping)
 
     def kv_compact(self, k_cache, v_cache, block_tables, context_lens, accept_idx, accept_counts):
         kv_ops.kv_compact_ref(k_cache, v_cache, block_tables, context_lens, accept_idx, accept_counts)
@@ -74,13 +88,13 @@ class TritonBackend(Backend):
 
     name = "triton"
 
-    def attention(self, q, k_cache, v_cache, meta, scale, sliding_window):
+    def attention(self, q, k_cache, v_cache, meta, scale, sliding_window, plan=None):
         return attn_mod.tree_attention(
             q, k_cache, v_cache, meta.cu_seqlens_q, meta.positions, meta.block_tables, meta.context_lens,
             mask=meta.mask, causal=meta.causal, scale=scale, sliding_window=sliding_window,
             max_seqlen_q=meta.max_seqlen_q)
 
-    def kv_store(self, k_cache, v_cache, k, v, slot_mapping):
+    def kv_store(self, k_cache, v_cache, k, v, slot_mapping, plan=None):
         kv_ops.kv_store(k_cache, v_cache, k, v, slot_mapping)
 
     def kv_compact(self, k_cache, v_cache, block_tables, context_lens, accept_idx, accept_counts):

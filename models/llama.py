@@ -14,6 +14,7 @@ from torch import nn
 
 from kernels.backend import Backend, StepMeta
 from models.config import ModelConfig
+from models.linear import Linear, ProductPlan, product
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -39,16 +40,26 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32:  # one fused op, the same arithmetic as below
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     # Normalise in fp32 whatever the weights' dtype: bf16 variance loses too much.
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
 
 
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """Full-width (T, 1, D) cos and signed sin for ``apply_rope``, once per forward."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # (T, D/2) fp32 angles
+    cos, sin = freqs.cos(), freqs.sin()
+    return torch.cat([cos, cos], -1).to(dtype)[:, None, :], torch.cat([-sin, sin], -1).to(dtype)[:, None, :]
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (T, heads, D); cos/sin (T, 1, D/2). Rotates the two halves (the "NeoX" layout HF uses)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    """x (T, heads, D); cos / signed sin (T, 1, D) from ``rope_tables``. Rotates the two halves
+    (the "NeoX" layout HF uses): [x1 cos - x2 sin, x2 cos + x1 sin], the same products HF forms."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([x[..., half:], x[..., :half]], -1) * sin
 
 
 class Block(nn.Module):
@@ -59,23 +70,22 @@ class Block(nn.Module):
         self.eps = cfg.rms_norm_eps
         self.attn_norm = nn.Parameter(torch.ones(d))
         # q, k, v fused into one matmul; Qwen2 adds a bias to all three.
-        self.wqkv = nn.Linear(d, (cfg.num_heads + 2 * cfg.num_kv_heads) * hd, bias=cfg.qkv_bias)
-        self.wo = nn.Linear(cfg.num_heads * hd, d, bias=False)
+        self.wqkv = Linear(d, (cfg.num_heads + 2 * cfg.num_kv_heads) * hd, bias=cfg.qkv_bias)
+        self.wo = Linear(cfg.num_heads * hd, d, bias=False)
         self.mlp_norm = nn.Parameter(torch.ones(d))
-        self.w_gate_up = nn.Linear(d, 2 * cfg.intermediate_size, bias=False)  # gate and up fused
-        self.w_down = nn.Linear(cfg.intermediate_size, d, bias=False)
+        self.w_gate_up = Linear(d, 2 * cfg.intermediate_size, bias=False)  # gate and up fused
+        self.w_down = Linear(cfg.intermediate_size, d, bias=False)
 
-    def forward(self, h, cos, sin, meta: StepMeta, k_cache, v_cache, backend: Backend, window):
+    def forward(self, h, cos, sin, meta: StepMeta, k_cache, v_cache, backend: Backend, window, plan=None):
         T = h.shape[0]  # h: (T, d)
         qkv = self.wqkv(rms_norm(h, self.attn_norm, self.eps))
-        q, k, v = qkv.split([self.n_heads * self.head_dim, self.n_kv * self.head_dim,
-                             self.n_kv * self.head_dim], dim=-1)
-        q = apply_rope(q.view(T, self.n_heads, self.head_dim), cos, sin)  # (T, H, D)
-        k = apply_rope(k.view(T, self.n_kv, self.head_dim), cos, sin)  # (T, KV, D)
-        v = v.view(T, self.n_kv, self.head_dim)
-        backend.kv_store(k_cache, v_cache, k, v, meta.slot_mapping)
-        o = backend.attention(q.contiguous(), k_cache, v_cache, meta, self.head_dim**-0.5, window)
-        h = h + self.wo(o.view(T, -1))
+        H, KV, D = self.n_heads, self.n_kv, self.head_dim
+        qk = apply_rope(qkv[:, :(H + KV) * D].view(T, H + KV, D), cos, sin)  # q and k rotated at once
+        q, k = qk[:, :H], qk[:, H:]  # (T, H, D), (T, KV, D)
+        v = qkv[:, (H + KV) * D:].view(T, KV, D)
+        backend.kv_store(k_cache, v_cache, k, v, meta.slot_mapping, plan)
+        o = backend.attention(q, k_cache, v_cache, meta, D**-0.5, window, plan)
+        h = h + self.wo(o.reshape(T, -1))
         gate, up = self.w_gate_up(rms_norm(h, self.mlp_norm, self.eps)).chunk(2, dim=-1)
         return h + self.w_down(F.silu(gate) * up)
 
@@ -87,8 +97,13 @@ class Transformer(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self.head_plan: Optional[ProductPlan] = None  # the LM head's product plan (models/tune.py)
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
     @property
     def device(self) -> torch.device:
@@ -108,17 +123,15 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:  # (R, vocab) fp32
         h = self.embed(tokens)
         # RoPE angles in fp32 from explicit positions (tree / window tokens share positions).
-        freqs = meta.positions.float()[:, None] * self.inv_freq[None, :]  # (T, D/2)
-        cos = freqs.cos().to(h.dtype)[:, None, :]
-        sin = freqs.sin().to(h.dtype)[:, None, :]
+        cos, sin = rope_tables(meta.positions, self.inv_freq, h.dtype)
         window = self.cfg.sliding_window
+        plan = self.backend.plan(meta, k_cache.shape[2], window)  # what all layers share, once
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, meta, k_cache[i], v_cache[i], self.backend, window)
+            h = layer(h, cos, sin, meta, k_cache[i], v_cache[i], self.backend, window, plan)
         if logits_idx is not None:
             h = h[logits_idx]
         h = rms_norm(h, self.norm, self.cfg.rms_norm_eps)
-        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(h, weight).float()
+        return product(h, self.head_weight, None, self.head_plan).float()
 
     @torch.no_grad()
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:

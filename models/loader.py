@@ -202,10 +202,13 @@ class LoadedModel(NamedTuple):
 
 def load_model(model: Optional[str] = None, backend: Optional[Backend | str] = None,
                dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-               cache_dir: Path | str = DEFAULT_CACHE_DIR) -> LoadedModel:
+               cache_dir: Path | str = DEFAULT_CACHE_DIR, tune: bool = True,
+               extra_weight_memory: str = "auto") -> LoadedModel:
     """``model``: None / "smollm2" (the embedded default), a .gguf file or an HF folder.
     ``backend``: a Backend or its name; None = the Triton kernels on a CUDA device, the torch
-    references elsewhere."""
+    references elsewhere. ``tune``: issue every matrix product in the form measured fastest on
+    this device (models/tune.py; measured once, cached under ``cache_dir``);
+    ``extra_weight_memory``: whether that may keep a second, packed copy of the weights."""
     from kernels.backend import get_backend
 
     device = torch.device(device)
@@ -218,4 +221,8 @@ def load_model(model: Optional[str] = None, backend: Optional[Backend | str] = N
         cfg, sd, rope_factors, tok = _load_hf_folder(path)
     if tok.eos_token_id is not None and tok.eos_token_id not in cfg.eos_token_ids:
         cfg.eos_token_ids = cfg.eos_token_ids + (tok.eos_token_id,)
-    return LoadedModel(build_model(cfg, sd, backend, dtype, device, rope_factors), tok)
+    built = build_model(cfg, sd, backend, dtype, device, rope_factors)
+    if tune:
+        from models.tune import tune_model
+        tune_model(built, cache_dir, extra_weight_memory)
+    return LoadedModel(built, tok)

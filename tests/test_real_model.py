@@ -41,3 +41,31 @@ def test_triton_backend_same_greedy_tokens(smol, smol_prompts):
     p = smol_prompts[0]
     ref = generate(model, [p], max_new_tokens=8).pop().output_ids
     assert generate(triton_model, [p], make_proposer("lookahead+pld"), max_new_tokens=8).pop().output_ids == ref
+
+
+def test_tuned_products_change_no_greedy_token(smol, smol_prompts):
+    """The default model is loaded with tuned products (models/tune.py), whose form depends on
+    the step's rows: a row's logits inside a 12-token step and alone differ by float rounding
+    only, and greedy tokens equal those of plain F.linear."""
+    from models.loader import load_model
+    from models.runner import ModelRunner, StepInput
+
+    model, _ = smol
+    assert model.head_plan is not None
+    plain, _ = load_model(tune=False)
+    p = smol_prompts[1]
+    ref = generate(plain, [p], max_new_tokens=24)[0].output_ids
+    assert generate(model, [p], max_new_tokens=24)[0].output_ids == ref
+    steps = ModelRunner(model, cache_tokens=512)
+    steps.add_sequence(0)
+    steps.step([StepInput(0, p)])
+    steps.commit({0: list(range(len(p)))})
+    chunk = ref[:12]
+    together = steps.step([StepInput(0, chunk)])[0]  # (12, V) one step of 12 rows
+    alone = []
+    for i, t in enumerate(chunk):  # the same rows one at a time (M = 1)
+        alone.append(steps.step([StepInput(0, [t])])[0][0])
+        steps.commit({0: [0]})
+    alone = torch.stack(alone)
+    assert (together - alone).abs().max() < 1e-3
+    assert together.argmax(-1).tolist() == alone.argmax(-1).tolist() == ref[1:13]

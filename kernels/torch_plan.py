@@ -1,0 +1,118 @@
+"""The torch backend's fast path: what every layer's attention and KV write share within a
+step (block views or gather indices, visibility masks, the slots) is worked out once per
+forward by ``plan_step`` instead of once per layer (30 times for the default model).
+
+``tree_attention_ref`` and ``kv_store_ref`` stay the readable definitions (layout:
+``kernels/__init__``); tests hold this path to them.
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from kernels.mask import unpack_mask
+
+
+@dataclass
+class SeqPlan:
+    start: int  # query rows start:end of the packed step
+    end: int
+    length: int  # keys: committed prefix + step
+    first_block: Optional[int]  # the sequence's blocks are first_block, first_block + 1, ...: a view
+    blocks: Optional[torch.Tensor]  # (n_blk,) int64 physical blocks otherwise (a gather)
+    n_blk: int
+    mask: Optional[torch.Tensor]  # (T, length) bool visibility; None = every key visible
+    causal: bool  # SDPA's own causal rule (a whole causal prefill without a prefix)
+
+
+@dataclass
+class StepPlan:
+    seqs: list[SeqPlan]
+    slot_start: Optional[int]  # every step slot is slot_start, slot_start + 1, ...: a slice write
+    slots: torch.Tensor  # (n,) int64 the valid slots otherwise (the -1 = skip ones removed)
+    keep: Optional[torch.Tensor]  # (n,) rows of the step whose slot is valid; None = all
+
+
+def plan_step(cu_seqlens_q: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor,
+              context_lens: torch.Tensor, slot_mapping: torch.Tensor, mask: Optional[torch.Tensor],
+              causal: Optional[torch.Tensor], block_size: int, sliding_window: Optional[int]) -> StepPlan:
+    """Arguments as for ``tree_attention_ref`` / ``kv_store_ref``; one host read of the metadata."""
+    dev = positions.device
+    cu, ctx = cu_seqlens_q.tolist(), context_lens.tolist()
+    B = len(cu) - 1
+    is_causal = [True] * B if mask is None else ([False] * B if causal is None else causal.tolist())
+    tables = block_tables.tolist()
+    seqs = []
+    for b in range(B):
+        s, e, C = cu[b], cu[b + 1], ctx[b]
+        T = e - s
+        if T == 0:
+            continue
+        L = C + T
+        n_blk = -(-L // block_size)
+        row = tables[b][:n_blk]
+        first = row[0] if row == list(range(row[0], row[0] + n_blk)) else None
+        blocks = None if first is not None else torch.tensor(row, dtype=torch.int64, device=dev)
+        vis, sdpa_causal = None, False
+        if is_causal[b]:
+            if T > 1 and C == 0 and sliding_window is None:
+                sdpa_causal = True
+            elif T > 1:
+                vis = torch.ones(T, L, dtype=torch.bool, device=dev).tril(diagonal=C)
+        else:
+            vis = torch.ones(T, L, dtype=torch.bool, device=dev)
+            vis[:, C:] = unpack_mask(mask[s:e], T)
+        if sliding_window is not None:
+            q_pos = positions[s:e].long()
+            k_pos = torch.cat([torch.arange(C, device=dev), q_pos])
+            in_window = (q_pos[:, None] - k_pos[None, :]) < sliding_window
+            vis = in_window if vis is None else vis & in_window
+        seqs.append(SeqPlan(s, e, L, first, blocks, n_blk, vis, sdpa_causal))
+    slots = slot_mapping.long()
+    flat = slots.tolist()
+    start = flat[0] if flat and flat == list(range(flat[0], flat[0] + len(flat))) and flat[0] >= 0 else None
+    valid = slots >= 0
+    keep = None if all(x >= 0 for x in flat) else valid.nonzero().flatten()
+    return StepPlan(seqs, start, slots[valid], keep)
+
+
+def kv_store_planned(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     plan: StepPlan) -> None:
+    """``kv_store_ref`` for one layer's 4-D caches."""
+    nb, bs, n_kv, d = k_cache.shape
+    kc, vc = k_cache.view(nb * bs, n_kv, d), v_cache.view(nb * bs, n_kv, d)
+    if plan.slot_start is not None:
+        kc[plan.slot_start:plan.slot_start + k.shape[0]] = k
+        vc[plan.slot_start:plan.slot_start + v.shape[0]] = v
+    elif plan.keep is None:
+        kc[plan.slots] = k.to(kc.dtype)
+        vc[plan.slots] = v.to(vc.dtype)
+    else:
+        kc[plan.slots] = k[plan.keep].to(kc.dtype)
+        vc[plan.slots] = v[plan.keep].to(vc.dtype)
+
+
+def attention_planned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: StepPlan,
+                      scale: float) -> torch.Tensor:
+    """``tree_attention_ref`` for one layer: q (T_total, H, D) -> (T_total, H, D)."""
+    n_kv, head_dim = k_cache.shape[2], k_cache.shape[3]
+    gqa = q.shape[1] != n_kv
+    compute = torch.float32 if q.dtype != torch.float32 else None  # fp32 math, as the reference
+    outs = []
+    for sp in plan.seqs:
+        if sp.first_block is not None:
+            k = k_cache[sp.first_block:sp.first_block + sp.n_blk]
+            v = v_cache[sp.first_block:sp.first_block + sp.n_blk]
+        else:
+            k, v = k_cache[sp.blocks], v_cache[sp.blocks]
+        k = k.reshape(-1, n_kv, head_dim)[:sp.length].transpose(0, 1)[None]  # (1, KV, L, D)
+        v = v.reshape(-1, n_kv, head_dim)[:sp.length].transpose(0, 1)[None]
+        qs = q[sp.start:sp.end].transpose(0, 1)[None]  # (1, H, T, D)
+        if compute is not None:
+            qs, k, v = qs.to(compute), k.to(compute), v.to(compute)
+        o = torch.nn.functional.scaled_dot_product_attention(qs, k, v, attn_mask=sp.mask, is_causal=sp.causal,
+                                                             scale=scale, enable_gqa=gqa)
+        outs.append(o[0].transpose(0, 1))  # (T, H, D)
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    return out if compute is None else out.to(q.dtype)

@@ -1,0 +1,167 @@
+"""The device's cost of a step: predicted forward time (ms) as a function of the step tokens
+of each sequence, measured once on the device and cached. The step planner
+(decoding/planner.py) sizes every step with it.
+
+Measured at start-up in a few seconds: a step of T tokens (a random draft tree's mask, as
+speculative methods send) for T in ``GRID`` at batch 1 over a ``context``-token prefix, and
+one-token steps at batch 2, 4 and 8 for the per-sequence cost (attention, packing). The
+prediction interpolates the batch-1 curve at the batch's total tokens (made non-decreasing)
+and adds the per-sequence cost for each sequence past the first. The cache file lives under
+``cache_dir/cost/``; one that is corrupt or was written for another device, model, dtype,
+kernel backend or product table is ignored with a warning and measured again.
+"""
+
+import bisect
+import hashlib
+import json
+import statistics
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from models.tune import device_name
+
+GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+BATCHES = (2, 4, 8)
+
+
+@dataclass
+class StepCost:
+    tokens: list[int]  # step tokens at batch 1 (GRID)
+    ms: list[float]  # their forward time, non-decreasing
+    per_seq_ms: float  # each sequence past the first
+    context: int  # committed tokens per sequence when measured
+
+    def __call__(self, step_tokens: list[int]) -> float:
+        """Predicted ms of a forward whose sequences send ``step_tokens`` tokens each."""
+        return self.curve(sum(step_tokens)) + self.per_seq_ms * max(0, len(step_tokens) - 1)
+
+    def curve(self, total: int) -> float:
+        ts, ms = self.tokens, self.ms
+        if total <= ts[0]:
+            return ms[0]
+        if total >= ts[-1]:  # beyond the grid: the last segment's slope
+            slope = (ms[-1] - ms[-2]) / (ts[-1] - ts[-2])
+            return ms[-1] + slope * (total - ts[-1])
+        j = bisect.bisect_left(ts, total)
+        if ts[j] == total:
+            return ms[j]
+        a, b = ts[j - 1], ts[j]
+        return ms[j - 1] + (ms[j] - ms[j - 1]) * (total - a) / (b - a)
+
+    def relative(self, tokens: int) -> float:
+        """A step of ``tokens`` tokens (batch 1) relative to a one-token step."""
+        return self([tokens]) / self([1])
+
+
+def _key(model, context: int) -> dict:
+    cfg = model.cfg
+    plans = [getattr(m, "plan", None) for m in model.modules()] + [model.head_plan]
+    tables = json.dumps([p.table for p in plans if p is not None])
+    return {"device": device_name(model.device), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "dtype": str(model.dtype), "backend": model.backend.name, "context": context,
+            "shape": [cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads,
+                      cfg.num_kv_heads, cfg.head_dim],
+            "products": hashlib.sha256(tables.encode()).hexdigest()[:16]}
+
+
+def step_cost(model, cache_dir: Path | str, context: int = 256, reps: int = 3, measure=None) -> StepCost:
+    """The model's step cost: from the cache, else measured (``measure(model, context, reps)``
+    -> StepCost, the real measurement by default; tests pass a fake)."""
+    key = _key(model, context)
+    path = Path(cache_dir) / "cost" / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+                                       + ".json")
+    cost = _read(path, key)
+    if cost is None:
+        cost = (measure or measure_step_cost)(model, context, reps)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"key": key, "cost": asdict(cost)}, indent=1))
+    return cost
+
+
+def _read(path: Path, key: dict) -> Optional[StepCost]:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        if data["key"] != key:
+            warnings.warn(f"step-cost cache {path} was written for another setup ({data['key']}); measuring again")
+            return None
+        cost = StepCost(**data["cost"])
+        ok = (len(cost.tokens) == len(cost.ms) >= 2 and cost.tokens == sorted(cost.tokens)
+              and all(b >= a > 0 for a, b in zip(cost.ms, cost.ms[1:])) and cost.per_seq_ms >= 0)
+        if not ok:
+            raise ValueError("the curve is not a non-decreasing positive list")
+        return cost
+    except (ValueError, KeyError, TypeError) as e:
+        warnings.warn(f"step-cost cache {path} is unreadable ({e}); measuring again")
+        return None
+
+
+@torch.inference_mode()
+def measure_step_cost(model, context: int = 256, reps: int = 3) -> StepCost:
+    """Time the model's forward on this device (random tokens; costs do not depend on them)."""
+    from models.runner import ModelRunner, StepInput
+
+    gen = torch.Generator().manual_seed(0)
+    dev = model.device
+    runner = ModelRunner(model, cache_tokens=max(BATCHES) * (context + max(GRID) + 32), block_size=16)
+
+    def timed(inputs) -> float:
+        tokens, meta, idx = runner.prepare(inputs)
+
+        def run():
+            model(tokens, meta, runner.cache.k, runner.cache.v, idx)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+        run()
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times) * 1e3
+
+    def fresh(batch: int) -> list[int]:
+        for s in runner.seq_ids:
+            runner.free(s)
+        for s in range(batch):
+            runner.add_sequence(s)
+            runner.assume_context(s, context)
+        return list(range(batch))
+
+    vocab = model.cfg.vocab_size
+    fresh(1)
+    ms = []
+    for T in GRID:
+        depths, mask = _random_tree(T, gen)
+        toks = torch.randint(0, vocab, (T,), generator=gen).tolist()
+        ms.append(timed([StepInput(0, toks, depths, None if T == 1 else mask)]))
+    for i in range(1, len(ms)):
+        ms[i] = max(ms[i], ms[i - 1])
+    base = StepCost(list(GRID), ms, 0.0, context)
+    extra = []
+    for b in BATCHES:
+        sids = fresh(b)
+        t = timed([StepInput(s, [int(torch.randint(0, vocab, (1,), generator=gen))]) for s in sids])
+        extra.append(max(0.0, (t - base.curve(b)) / (b - 1)))
+    for s in runner.seq_ids:
+        runner.free(s)
+    return StepCost(list(GRID), ms, statistics.median(extra), context)
+
+
+def _random_tree(T: int, gen: torch.Generator) -> tuple[list[int], torch.Tensor]:
+    """Depths and (T, T) visibility of a random tree rooted at node 0 (chains with branches)."""
+    parent = [-1] + [max(0, i - 1 - int(torch.randint(0, 3, (1,), generator=gen))) for i in range(1, T)]
+    mask = torch.zeros(T, T, dtype=torch.bool)
+    depth = [0] * T
+    for i in range(T):
+        mask[i, i] = True
+        if parent[i] >= 0:
+            mask[i] |= mask[parent[i]]
+            depth[i] = depth[parent[i]] + 1
+    return depth, mask

@@ -1,0 +1,76 @@
+"""Matrix products issued in the form that is fastest for the weight's shape and the step's
+rows on this device.
+
+``x @ W.T`` can be issued several ways, and which is fastest depends on M (rows) and the
+device's BLAS. On this project's 2-core CPU (MKL, fp32, cold weights) ``F.linear`` takes the
+GEMV path at M = 1 and runs at about 12 GB/s, ``(W @ x.T).T`` reaches about 20 GB/s at M = 2..4,
+and oneDNN with a pre-packed weight is best from M = 8 on. ``models/tune.py`` measures the
+forms once per device, dtype and shape and fills each weight's ``ProductPlan``; untuned, every
+product is plain ``F.linear``.
+
+Forms:
+  * ``linear``  F.linear(x, W, b) (cuBLAS / MKL as torch chooses); always a candidate.
+  * ``wxt``     (W @ x.T).T: the weight as the left operand; at M = 1 x is padded to 2 rows
+                (the single-column product falls back to the slow GEMV).
+  * ``packed``  oneDNN's linear on a copy of W packed for it (CPU only): costs a second copy of
+                the weight, so models/tune.py offers it only within a memory budget.
+"""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # row counts a table has a form for (more: the last)
+FORMS = ("linear", "wxt", "packed")
+
+
+def bucket(m: int) -> int:
+    """Index of the smallest bucket holding ``m`` rows (the last for anything larger)."""
+    for i, b in enumerate(BUCKETS):
+        if m <= b:
+            return i
+    return len(BUCKETS) - 1
+
+
+@dataclass
+class ProductPlan:
+    """How to issue ``x @ W.T`` for one weight: a form per row bucket, and the packed copy of
+    W when some bucket uses it (a plain attribute: not a parameter, not in the state dict)."""
+
+    table: list[str]  # len(BUCKETS) forms
+    packed: Optional[torch.Tensor] = field(default=None, repr=False)
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """oneDNN's packed copy of ``weight`` (out, in) for ``form="packed"``."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+
+def product(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], plan: Optional[ProductPlan],
+            form: Optional[str] = None) -> torch.Tensor:
+    """x (M, in) @ weight (out, in).T + bias -> (M, out), contiguous, in the planned form
+    (``form`` overrides the plan: the tuner measures with it)."""
+    if form is None:
+        form = "linear" if plan is None else plan.table[bucket(x.shape[0])]
+    if form == "linear":
+        return F.linear(x, weight, bias)
+    if form == "wxt":
+        m = x.shape[0]
+        xt = x.t() if m > 1 else torch.cat([x, x]).t()  # (in, max(M, 2))
+        y = (weight @ xt).t()[:m].contiguous()
+        return y.add_(bias) if bias is not None else y
+    if form == "packed":
+        return torch.ops.mkldnn._linear_pointwise(x, plan.packed, bias, "none", [], "")
+    raise ValueError(f"unknown product form {form!r}; known: {', '.join(FORMS)}")
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, same state dict) whose product follows ``self.plan``."""
+
+    plan: Optional[ProductPlan] = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return product(x, self.weight, self.bias, self.plan)

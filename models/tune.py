@@ -1,0 +1,146 @@
+"""Choose, once per device, dtype and weight shape, the form of every matrix product
+(models/linear.py) by measuring them, and cache the choice.
+
+Each form is timed on the model's own weights of that shape, cycled through (as many as
+make at least 48 MB, so the measurement reads them cold from memory as the forward does),
+for every row bucket; the fastest wins. The table is cached as JSON under
+``cache_dir/tune/`` keyed by the device, thread count, torch version, dtype, the shapes and
+the memory policy; a corrupt or foreign cache file is ignored with a warning and measured
+again. On a GPU the candidates are torch's own forms only, and ``linear`` (plain cuBLAS) is
+one of them, so a choice is never slower than cuBLAS as measured.
+
+Memory: the ``packed`` form needs a second copy of the weight (oneDNN's layout), so the whole
+model's weights once more. ``extra_weight_memory``: "auto" allows it when the weights take at
+most 2 GiB (the default model: +0.54 GB in fp32), "on" always, "off" never.
+"""
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+import warnings
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from models.linear import BUCKETS, ProductPlan, pack, product
+
+AUTO_LIMIT = 2 << 30  # bytes of weights up to which "auto" keeps packed copies
+COLD_BYTES = 48 << 20  # weights cycled through per measurement (beyond the caches)
+Timer = Callable[[Callable[[], object], int], float]  # (fn, reps) -> seconds per call
+
+
+def _timer(fn, reps: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"cpu {cpu} x{os.cpu_count()}"
+
+
+def _products(model) -> list[tuple[str, torch.Tensor, Optional[torch.Tensor], Callable[[ProductPlan], None]]]:
+    """(name, weight, bias, set_plan) for every product of the forward, the LM head included."""
+    from models.linear import Linear
+
+    out = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, Linear) and mod is not model.lm_head:
+            out.append((name, mod.weight, mod.bias, lambda p, m=mod: setattr(m, "plan", p)))
+    out.append(("head", model.head_weight, None, lambda p: setattr(model, "head_plan", p)))
+    return out
+
+
+def _shape_key(w: torch.Tensor, b: Optional[torch.Tensor]) -> str:
+    return f"{w.shape[0]}x{w.shape[1]}{'+b' if b is not None else ''}"
+
+
+def tune_model(model, cache_dir: Path | str, extra_weight_memory: str = "auto", reps: int = 2,
+               timer: Timer = _timer) -> dict[str, list[str]]:
+    """Measure (or read from the cache) the form table of every weight shape and install it
+    on ``model``; returns {shape: forms per bucket}."""
+    if extra_weight_memory not in ("auto", "on", "off"):
+        raise ValueError(f"extra_weight_memory must be 'auto', 'on' or 'off', got {extra_weight_memory!r}")
+    prods = _products(model)
+    dev, dtype = model.device, model.dtype
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    packed_ok = (dev.type == "cpu" and torch.backends.mkldnn.is_available()
+                 and (extra_weight_memory == "on" or (extra_weight_memory == "auto" and weight_bytes <= AUTO_LIMIT)))
+    forms = ["linear", "wxt"] + (["packed"] if packed_ok else [])
+    shapes = sorted({_shape_key(w, b) for _, w, b, _ in prods})
+    key = {"device": device_name(dev), "threads": torch.get_num_threads(), "torch": torch.__version__,
+           "dtype": str(dtype), "shapes": shapes, "forms": forms, "buckets": list(BUCKETS)}
+    path = Path(cache_dir) / "tune" / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+                                       + ".json")
+    tables = _read_cache(path, key)
+    if tables is None:
+        tables = _measure(prods, forms, reps, timer, dev, dtype)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"key": key, "tables": tables}, indent=1))
+    for _, w, b, set_plan in prods:
+        table = tables[_shape_key(w, b)]
+        set_plan(ProductPlan(table, pack(w) if "packed" in table else None))
+    return tables
+
+
+def _read_cache(path: Path, key: dict) -> Optional[dict]:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        tables = data["tables"]
+        if data["key"] != key:
+            warnings.warn(f"tuning cache {path} was written for another setup ({data['key']}); measuring again")
+            return None
+        ok = set(key["shapes"]) == set(tables) and all(
+            len(t) == len(BUCKETS) and set(t) <= set(key["forms"]) for t in tables.values())
+        if not ok:
+            raise ValueError("tables do not match the key")
+        return tables
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        warnings.warn(f"tuning cache {path} is unreadable ({e}); measuring again")
+        return None
+
+
+@torch.inference_mode()
+def _measure(prods, forms, reps, timer, dev, dtype) -> dict[str, list[str]]:
+    by_shape: dict[str, list] = {}
+    for _, w, b, _ in prods:
+        by_shape.setdefault(_shape_key(w, b), []).append((w, b))
+    tables = {}
+    for shape, group in by_shape.items():
+        nbytes = group[0][0].numel() * group[0][0].element_size()
+        group = group[:max(1, -(-COLD_BYTES // nbytes))] if len(group) * nbytes > COLD_BYTES else group
+        plans = [ProductPlan(["packed"] * len(BUCKETS), pack(w)) if "packed" in forms else None for w, _ in group]
+        table = []
+        for m in BUCKETS:
+            x = torch.randn(m, group[0][0].shape[1], device=dev, dtype=dtype)
+            times = {}
+            for form in forms:
+                def sweep(form=form):
+                    for (w, b), plan in zip(group, plans):
+                        product(x, w, b, plan, form)
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize(dev)
+                times[form] = timer(sweep, reps)
+            table.append(min(forms, key=lambda f: times[f]))
+        tables[shape] = table
+    return tables

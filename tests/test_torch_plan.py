@@ -1,0 +1,75 @@
+"""The torch backend's planned path (per-step work done once for all layers) against the
+readable references: tree_attention_ref and kv_store_ref, on the same odd batches the Triton
+kernel is tested with."""
+
+import pytest
+import torch
+
+from kernels.backend import StepMeta, TorchBackend
+from kernels.kv_ops import kv_store_ref
+from kernels.torch_plan import attention_planned, kv_store_planned, plan_step
+from kernels.tree_attention import tree_attention_ref
+from test_kernel_tree_attention import MIXED, TOL, Seq, make_batch
+
+
+def plan_of(batch, window=None, slots=None):
+    slots = torch.zeros(batch.q.shape[0], dtype=torch.int64) if slots is None else slots
+    return plan_step(batch.cu, batch.positions, batch.block_tables, batch.context_lens, slots, batch.mask,
+                     batch.causal, batch.k_cache.shape[1], window)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["mixed", "masked"])
+@pytest.mark.parametrize("window", [None, 4, 17])
+@pytest.mark.parametrize("n_heads, n_kv", [(6, 2), (4, 4)])
+def test_planned_attention_equals_ref(dtype, mode, window, n_heads, n_kv):
+    batch = make_batch(MIXED, n_heads, n_kv, 32, dtype, mode=mode, window=window, seed=3)
+    ref = tree_attention_ref(*batch.args(), mask=batch.mask, causal=batch.causal, sliding_window=window)
+    out = attention_planned(batch.q, batch.k_cache, batch.v_cache, plan_of(batch, window), 32**-0.5)
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    tol = TOL[dtype]
+    torch.testing.assert_close(out.float(), ref.float(), atol=tol["atol"], rtol=tol["rtol"])
+
+
+def test_planned_attention_all_causal_and_consecutive_blocks():
+    seqs = [Seq(C=0, T=9), Seq(C=21, T=1), Seq(C=3, T=5)]
+    batch = make_batch(seqs, 4, 2, 16, torch.float32, mode="none", block_size=4)
+    # one sequence on consecutive blocks (the view path), the others shuffled (the gather path)
+    plan = plan_of(batch)
+    ref = tree_attention_ref(*batch.args())
+    torch.testing.assert_close(attention_planned(batch.q, batch.k_cache, batch.v_cache, plan, 16**-0.5), ref)
+    single = make_batch([Seq(C=30, T=3)], 4, 2, 16, torch.float32, mode="none", block_size=4)
+    n = -(-33 // 4)
+    single.block_tables[0, :n] = torch.arange(2, 2 + n, dtype=torch.int32)  # consecutive blocks 2, 3, ...
+    single.k_cache[2:2 + n] = torch.randn(n, 4, 2, 16)
+    single.v_cache[2:2 + n] = torch.randn(n, 4, 2, 16)
+    plan = plan_of(single)
+    assert plan.seqs[0].first_block == 2
+    torch.testing.assert_close(attention_planned(single.q, single.k_cache, single.v_cache, plan, 16**-0.5),
+                               tree_attention_ref(*single.args()))
+
+
+@pytest.mark.parametrize("slots", [[8, 9, 10, 11], [3, 17, 4, 30], [5, -1, 6, 7]])
+def test_planned_kv_store_equals_ref(slots):
+    g = torch.Generator().manual_seed(0)
+    kc, vc = torch.randn(10, 4, 2, 8, generator=g), torch.randn(10, 4, 2, 8, generator=g)
+    k, v = torch.randn(4, 2, 8, generator=g), torch.randn(4, 2, 8, generator=g)
+    sm = torch.tensor(slots)
+    batch = make_batch([Seq(C=0, T=4)], 2, 2, 8, torch.float32, mode="none")
+    plan = plan_of(batch, slots=sm)
+    assert (plan.slot_start is not None) == (slots == [8, 9, 10, 11])
+    k_ref, v_ref = kc.clone(), vc.clone()
+    kv_store_ref(k_ref, v_ref, k, v, sm)
+    kv_store_planned(kc, vc, k, v, plan)
+    assert torch.equal(kc, k_ref) and torch.equal(vc, v_ref)
+
+
+def test_backend_without_plan_is_the_reference():
+    batch = make_batch(MIXED, 6, 2, 32, torch.float32, seed=1)
+    meta = StepMeta(batch.cu, batch.positions, batch.block_tables, batch.context_lens,
+                    torch.zeros(batch.q.shape[0], dtype=torch.int64), batch.max_seqlen_q, batch.mask, batch.causal)
+    be = TorchBackend()
+    plain = be.attention(batch.q, batch.k_cache, batch.v_cache, meta, 0.2, None)
+    planned = be.attention(batch.q, batch.k_cache, batch.v_cache, meta, 0.2, None,
+                           be.plan(meta, batch.k_cache.shape[1], None))
+    torch.testing.assert_close(planned, plain, atol=2e-6, rtol=2e-6)

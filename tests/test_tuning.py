@@ -1,0 +1,138 @@
+"""Matrix product forms (models/linear.py), their tuning cache (models/tune.py) and the step
+cost model (models/cost.py)."""
+
+import json
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import ours_from_hf, tiny_hf_model
+from models.cost import StepCost, step_cost
+from models.linear import BUCKETS, ProductPlan, bucket, pack, product
+from models.tune import tune_model
+
+FORMS = ["linear", "wxt"] + (["packed"] if torch.backends.mkldnn.is_available() else [])
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("bias", [False, True])
+def test_every_form_is_the_product(form, bias):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(37, 29, generator=g)
+    b = torch.randn(37, generator=g) if bias else None
+    plan = ProductPlan([form] * len(BUCKETS), pack(w) if form == "packed" else None)
+    with torch.inference_mode():
+        for m in list(range(1, 18)) + [31, 64, 70]:
+            x = torch.randn(m, 29, generator=g)
+            y = product(x, w, b, plan)
+            assert y.shape == (m, 37) and y.is_contiguous()
+            torch.testing.assert_close(y, F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+
+
+def test_dispatch_follows_the_table():
+    w, x = torch.randn(8, 4), torch.randn(3, 4)
+    table = ["linear"] * len(BUCKETS)
+    table[bucket(3)] = "no-such-form"
+    with pytest.raises(ValueError, match="no-such-form"):
+        product(x, w, None, ProductPlan(table))
+    product(torch.randn(1, 4), w, None, ProductPlan(table))  # another bucket: fine
+    assert [bucket(m) for m in (1, 2, 3, 5, 64, 65, 1000)] == [0, 1, 2, 4, 11, 11, 11]
+
+
+
+@pytest.fixture
+def tiny():
+    return ours_from_hf(tiny_hf_model("llama", seed=3)).model
+
+
+def test_tune_measures_once_then_reads_the_cache(tiny, tmp_path, monkeypatch):
+    import models.tune as tune
+
+    seen = []
+
+    def timer(fn, reps):
+        seen.append(1)
+        fn()
+        return 1.0 if len(seen) % 2 == 0 else 2.0  # of the two forms ("off": no packed), wxt always wins
+
+    tables = tune_model(tiny, tmp_path, "off", timer=timer)
+    assert seen and all(t == ["wxt"] * len(BUCKETS) for t in tables.values())
+    assert tiny.layers[0].wqkv.plan.table == ["wxt"] * len(BUCKETS) and tiny.head_plan is not None
+    n = len(seen)
+    assert tune_model(tiny, tmp_path, "off", timer=timer) == tables and len(seen) == n  # from the cache
+    files = list((tmp_path / "tune").glob("*.json"))
+    assert len(files) == 1
+    files[0].write_text("{ not json")
+    with pytest.warns(UserWarning, match="unreadable"):
+        tune_model(tiny, tmp_path, "off", timer=timer)
+    assert len(seen) > n
+    data = json.loads(files[0].read_text())
+    data["key"]["device"] = "some other machine"
+    files[0].write_text(json.dumps(data))
+    n = len(seen)
+    with pytest.warns(UserWarning, match="another setup"):
+        tune_model(tiny, tmp_path, "off", timer=timer)
+    assert len(seen) > n
+
+
+def test_tuned_model_gives_the_same_logits(tiny, tmp_path):
+    from models.runner import ModelRunner, StepInput
+
+    ids = [5, 6, 7, 8, 9, 10, 11]
+
+    def logits():
+        runner = ModelRunner(tiny, cache_tokens=64)
+        runner.add_sequence(0)
+        return runner.step([StepInput(0, ids)])[0]
+
+    before = logits()
+    tune_model(tiny, tmp_path, "on")
+    torch.testing.assert_close(logits(), before, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="extra_weight_memory"):
+        tune_model(tiny, tmp_path, "maybe")
+
+
+# ---- the step cost model ------------------------------------------------------------------------------
+def fake_cost(model, context, reps):
+    fake_cost.calls += 1
+    return StepCost([1, 2, 4, 8], [10.0, 11.0, 12.0, 20.0], 1.5, context)
+
+
+def test_step_cost_interpolates():
+    c = StepCost([1, 2, 4, 8], [10.0, 11.0, 12.0, 20.0], 1.5, 256)
+    assert c([1]) == 10.0 and c([3]) == 11.5 and c([6]) == 16.0
+    assert c([16]) == 36.0  # past the grid: the last slope (2 ms a token)
+    assert c([1, 1, 2]) == c.curve(4) + 2 * 1.5 == 15.0  # total tokens plus each extra sequence
+    assert c.relative(8) == 2.0
+
+
+def test_step_cost_cache(tiny, tmp_path):
+    fake_cost.calls = 0
+    a = step_cost(tiny, tmp_path, measure=fake_cost)
+    b = step_cost(tiny, tmp_path, measure=fake_cost)
+    assert a == b and fake_cost.calls == 1
+    (f,) = (tmp_path / "cost").glob("*.json")
+    data = json.loads(f.read_text())
+    data["cost"]["ms"] = [10.0, 5.0, 12.0, 20.0]  # not non-decreasing: corrupt
+    f.write_text(json.dumps(data))
+    with pytest.warns(UserWarning, match="unreadable"):
+        step_cost(tiny, tmp_path, measure=fake_cost)
+    data["key"]["backend"] = "triton"
+    data["cost"]["ms"] = [10.0, 11.0, 12.0, 20.0]
+    f.write_text(json.dumps(data))
+    with pytest.warns(UserWarning, match="another setup"):
+        step_cost(tiny, tmp_path, measure=fake_cost)
+    assert fake_cost.calls == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        step_cost(tiny, tmp_path, measure=fake_cost)  # rewritten: read quietly
+    assert fake_cost.calls == 3
+
+
+def test_measured_step_cost_is_a_non_decreasing_curve(tiny):
+    from models.cost import measure_step_cost
+
+    c = measure_step_cost(tiny, context=16, reps=1)
+    assert c.tokens[0] == 1 and all(b >= a > 0 for a, b in zip(c.ms, c.ms[1:])) and c.per_seq_ms >= 0
