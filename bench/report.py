@@ -45,7 +45,8 @@ def markdown(records: list[dict], header: dict, methods: list[str], tasks: list[
     s = summarize(records)
     lines = ["# Benchmark results", ""]
     for k, v in header.items():
-        lines.append(f"- **{k}**: {v}")
+        if not isinstance(v, (dict, list)) or k == "skipped":  # machine-readable entries stay in the JSON
+            lines.append(f"- **{k}**: {v}")
     lines += ["", "Speedup: tokens/s over our autoregressive decoding with the same kernels, same run. "
               "tau: new tokens per forward after prefill. identical: share of greedy outputs equal to "
               "autoregressive.", ""]
@@ -66,6 +67,23 @@ def markdown(records: list[dict], header: dict, methods: list[str], tasks: list[
         for m in methods:
             lines.append(f"| {m} | " + " | ".join(_fmt(s.get((m, t), {}).get(metric)) for t in cols) + " |")
         lines.append("")
+    plans = planner_summary(records)
+    if plans:
+        lines += ["### step planner (all tasks)", "",
+                  "Predicted: expected new tokens per predicted forward time, over a one-token step's; "
+                  "measured: tokens/s over ar. Forward time predicted from the measured step-cost curve; "
+                  "measured step time includes the host's work.", "",
+                  "| method | query tokens / sequence step | expected tokens / step | predicted ms / step "
+                  "| measured ms / step | predicted speedup | measured speedup |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for m in methods:
+            p = plans.get(m)
+            if p is None:
+                continue
+            lines.append(f"| {m} | {_fmt(p['step_tokens'], '.1f')} | {_fmt(p['expected_tokens'])} "
+                         f"| {_fmt(p['predicted_ms'], '.1f')} | {_fmt(p['measured_ms'], '.1f')} "
+                         f"| {_fmt(p['predicted_speedup'])} | {_fmt(s.get((m, 'all'), {}).get('speedup'))} |")
+        lines.append("")
     if "hf-pld" in methods:
         # tau against transformers' prompt lookup on the same prompts: per task, then the mean of
         # the per-task ratios (each task weighs the same, whatever its prompt count).
@@ -81,8 +99,30 @@ def markdown(records: list[dict], header: dict, methods: list[str], tasks: list[
     return "\n".join(lines)
 
 
-def chart(records: list[dict], methods: list[str], tasks: list[str], path: Path, title: str = "") -> Optional[Path]:
-    """Grouped bars: speedup (left) and tau (right) per task, one bar per method."""
+def planner_summary(records: list[dict]) -> dict[str, dict]:
+    """Per method, the step planner's totals over all its records (those run with a planner)."""
+    tot: dict[str, dict] = {}
+    for r in records:
+        log = r.get("plan")
+        if not log or not log.get("steps"):
+            continue
+        t = tot.setdefault(r["method"], defaultdict(float))
+        for k, v in log.items():
+            t[k] += v
+    out = {}
+    for m, t in tot.items():
+        ar_rate = t["seq_steps"] / t["one_token_ms"] if t["one_token_ms"] else float("nan")
+        out[m] = {"step_tokens": t["step_tokens"] / t["seq_steps"], "expected_tokens": t["expected_tokens"] / t["steps"],
+                  "predicted_ms": t["predicted_ms"] / t["steps"], "measured_ms": t["measured_ms"] / t["steps"],
+                  "predicted_speedup": (t["expected_tokens"] / t["predicted_ms"]) / ar_rate if t["predicted_ms"]
+                  else float("nan")}
+    return out
+
+
+def chart(records: list[dict], methods: list[str], tasks: list[str], path: Path, title: str = "",
+          cost_curve: Optional[dict] = None) -> Optional[Path]:
+    """Grouped bars: speedup (left) and tau (middle) per task, one bar per method; with a
+    ``cost_curve`` (the header's step_cost_curve) the step cost the planner used (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -91,7 +131,8 @@ def chart(records: list[dict], methods: list[str], tasks: list[str], path: Path,
     s = summarize(records)
     cols = tasks + (["all"] if len(tasks) > 1 else [])
     shown = [m for m in methods if m != "ar"] or methods
-    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(cols) * 2), 4.2))
+    panels = 3 if cost_curve else 2
+    fig, axes = plt.subplots(1, panels, figsize=(max(8, 1.6 * len(cols) * 2) + 3 * (panels - 2), 4.2))
     width = 0.8 / len(shown)
     for ax, metric, label in ((axes[0], "speedup", "speedup over autoregressive (tokens/s)"),
                               (axes[1], "tau", "tau: tokens per forward")):
@@ -103,6 +144,16 @@ def chart(records: list[dict], methods: list[str], tasks: list[str], path: Path,
         ax.set_xticklabels(cols, rotation=20)
         ax.set_ylabel(label)
     axes[0].legend(fontsize=8)
+    if cost_curve:
+        ts, ms = cost_curve["tokens"], cost_curve["ms"]
+        axes[2].plot(ts, [m / ms[0] for m in ms], "o-")
+        axes[2].plot(ts, ts, ":", color="gray", label="tokens (linear)")
+        axes[2].set_xscale("log", base=2)
+        axes[2].set_yscale("log", base=2)
+        axes[2].set_xlabel("step tokens")
+        axes[2].set_ylabel("forward time / one-token forward")
+        axes[2].set_title("step cost (measured, used by the planner)", fontsize=8)
+        axes[2].legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -125,7 +176,7 @@ def main(argv=None) -> None:
     md = markdown(records, head, methods, tasks)
     (args.results.parent / "results.md").write_text(md)
     chart(records, methods, tasks, args.results.parent / "chart.png",
-          f"{head.get('model', '')} | {head.get('device', '')} | {head.get('dtype', '')}")
+          f"{head.get('model', '')} | {head.get('device', '')} | {head.get('dtype', '')}", head.get("step_cost_curve"))
     print(md)
 
 

@@ -15,6 +15,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -154,9 +155,11 @@ def main(argv=None) -> int:
     from bench.hf_compare import HF_METHODS, hf_generate, load_hf_model
     from bench.report import chart, markdown
     from decoding.generate import generate
+    from decoding.planner import Planner
     from decoding.sampling import SamplingParams
     from kernels.backend import get_backend
-    from models.loader import load_model, resolve_model_path
+    from models.cost import step_cost
+    from models.loader import DEFAULT_CACHE_DIR, load_model, resolve_model_path
 
     records = load_records(args)  # a malformed prompt file fails here, before any model is loaded
     if not records:
@@ -182,21 +185,37 @@ def main(argv=None) -> int:
 
     skipped = []
 
+    def too_long(rec) -> Optional[str]:
+        n, ctx = len(encode(rec["messages"])), model.cfg.max_position_embeddings
+        if n + args.max_new_tokens <= ctx:
+            return None
+        return (f"record {rec['id']} ({rec['task']}): prompt of {n} tokens + --max-new-tokens {args.max_new_tokens} "
+                f"exceeds the model context of {ctx} tokens; skipped")
+
     def fits(rec) -> bool:
         """A prompt the model's context cannot hold is reported (by record) and skipped; the
         other records go on."""
-        n, ctx = len(encode(rec["messages"])), model.cfg.max_position_embeddings
-        if n + args.max_new_tokens <= ctx:
+        msg = too_long(rec)
+        if msg is None:
             return True
-        msg = (f"record {rec['id']} ({rec['task']}): prompt of {n} tokens + --max-new-tokens {args.max_new_tokens} "
-               f"exceeds the model context of {ctx} tokens; skipped")
         print(f"error: {msg}", file=sys.stderr)
         skipped.append(msg)
         bar.update(1)
         return False
 
-    # warm-up: first calls pay for allocation and (on a GPU) compilation
-    generate(model, [encode(records[0]["messages"])], make_method("ar", args, draft), max_new_tokens=4, sampling=sp)
+    cost = None if args.no_plan else step_cost(model, DEFAULT_CACHE_DIR)
+
+    def run(name, prompts, max_new_tokens):
+        plan = Planner(cost) if cost is not None and name != "ar" else None
+        res = generate(model, prompts, make_method(name, args, draft), max_new_tokens=max_new_tokens, sampling=sp,
+                       planner=plan)
+        return res, (plan.log if plan is not None else None)
+
+    # warm-up, every method: first calls pay for allocation (and on a GPU compilation)
+    shortest = min((r for r in records if too_long(r) is None), key=lambda r: len(encode(r["messages"])), default=None)
+    for name in args.methods:
+        if shortest is not None:
+            run(name, [encode(shortest["messages"])], 4)
 
     results, todo = [], list(records)
     bar = tqdm(total=len(todo) + sum(r.get("next_turn") is not None for r in records), desc="prompts")
@@ -214,8 +233,7 @@ def main(argv=None) -> int:
                 ar_out = None
                 for name in args.methods:  # methods back to back on the same batch
                     t0 = time.perf_counter()
-                    res = generate(model, prompts, make_method(name, args, draft), max_new_tokens=args.max_new_tokens,
-                                   sampling=sp)
+                    res, plan_log = run(name, prompts, args.max_new_tokens)
                     if args.device.startswith("cuda"):
                         torch.cuda.synchronize()
                     secs = time.perf_counter() - t0
@@ -223,13 +241,13 @@ def main(argv=None) -> int:
                         ar_out = [x.output_ids for x in res]
                     for r, p, x, ref in zip(batch, prompts, res, ar_out):
                         results.append(_record(r, name, p, x.output_ids, x.stats.forwards, secs, res, sp, ref,
-                                               x.finish_reason, x.stats.as_dict(), x.stats.step_tokens))
+                                               x.finish_reason, x.stats.as_dict(), x.stats.step_tokens, plan_log))
                 if hf is not None:
                     for r, p, ref in zip(batch, prompts, ar_out):
                         for name in HF_METHODS:
                             h = hf_generate(hf, p, name, args.max_new_tokens, eos)
                             results.append(_record(r, name, p, h["output_ids"], h["forwards"], h["time_s"], None,
-                                                   sp, ref, h["finish_reason"], None, None))
+                                                   sp, ref, h["finish_reason"], None, None, None))
                 for r, out in zip(batch, ar_out):
                     if r.get("next_turn"):  # MT-bench turn 2 sees the model's own first answer
                         answer = tok.decode(out, skip_special_tokens=True)
@@ -242,20 +260,28 @@ def main(argv=None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     head = header(args, model, device_name)
+    if cost is not None:
+        head["step cost"] = (f"forward ms at T step tokens (batch 1, context {cost.context}): "
+                             + ", ".join(f"{t}: {m:.1f}" for t, m in zip(cost.tokens, cost.ms))
+                             + f"; +{cost.per_seq_ms:.2f} ms per extra sequence")
+        head["step_cost_curve"] = {"tokens": cost.tokens, "ms": cost.ms, "per_seq_ms": cost.per_seq_ms}
     if skipped:
         head["skipped"] = skipped
     tasks = list(dict.fromkeys(r["task"] for r in results))
     (args.out / "results.json").write_text(json.dumps({"header": head, "records": results}, indent=1))
     md = markdown(results, head, [m for m in methods if any(r["method"] == m for r in results)], tasks)
     (args.out / "results.md").write_text(md)
-    chart(results, methods, tasks, args.out / "chart.png", f"{args.model} | {device_name} | {args.dtype} | {args.kernel}")
+    chart(results, methods, tasks, args.out / "chart.png", f"{args.model} | {device_name} | {args.dtype} | {args.kernel}",
+          head.get("step_cost_curve"))
     print(md)
     print(f"\nwrote {args.out / 'results.json'}, {args.out / 'results.md'}, {args.out / 'chart.png'}")
     return 0
 
 
-def _record(rec, method, prompt, output_ids, forwards, secs, batch_results, sp, ar_ids, finish, stats, step_tokens):
-    """One results.json record. A batch shares its wall time: time_s and tok_s are the batch's."""
+def _record(rec, method, prompt, output_ids, forwards, secs, batch_results, sp, ar_ids, finish, stats, step_tokens,
+            plan_log):
+    """One results.json record. A batch shares its wall time: time_s and tok_s are the batch's;
+    ``plan`` is the batch's step-planner log (totals over its steps)."""
     batch_new = sum(len(x.output_ids) for x in batch_results) if batch_results else len(output_ids)
     return {
         "id": rec["id"], "task": rec["task"], "method": method, "prompt_tokens": len(prompt),
@@ -264,7 +290,7 @@ def _record(rec, method, prompt, output_ids, forwards, secs, batch_results, sp, 
         "tok_s": batch_new / secs if secs > 0 else None,
         "step_tokens": step_tokens,
         "identical_to_ar": (output_ids == ar_ids) if sp.greedy else None,
-        "finish_reason": finish, "stats": stats, "output_ids": output_ids,
+        "finish_reason": finish, "stats": stats, "plan": plan_log, "output_ids": output_ids,
     }
 
 

@@ -65,6 +65,7 @@ class Acceptance:
         self.cfg, self.shared = cfg, shared
         self.hits: dict[tuple, float] = {}
         self.trials: dict[tuple, float] = {}
+        self.streak = False  # the sequence's last step accepted a draft token
 
     def rate(self, key: tuple) -> float:
         base = self.shared.rate(key) if self.shared is not None else self.cfg.prior
@@ -86,13 +87,15 @@ class Acceptance:
             self.shared.record(key, hit)
 
 
-def node_keys(tree: StepTree, node: int) -> list[tuple]:
-    """The estimate keys of a candidate node: one per source bit it carries."""
+def node_keys(tree: StepTree, node: int, streak: bool = False) -> list[tuple]:
+    """The estimate keys of a candidate node: one per source bit it carries, with its depth,
+    its rank among its siblings and whether the sequence's last step accepted a draft
+    (acceptance comes in streaks: a copied passage goes on being copied)."""
     parent = tree.parents[node]
     rank = min(list(tree.children[parent].values()).index(node), MAX_RANK_KEY)
     depth = min(tree.depths[node], MAX_DEPTH_KEY)
     bits = tree.sources[node] & ~WINDOW
-    return [(bit, depth, rank) for bit in _bits(bits)]
+    return [(bit, depth, rank, streak) for bit in _bits(bits)]
 
 
 def _bits(x: int) -> list[int]:
@@ -104,9 +107,14 @@ def node_probs(tree: StepTree, acc: Acceptance, optimistic: bool = False) -> lis
     from their optimistic bounds."""
     rate = acc.optimistic if optimistic else acc.rate
     p = [1.0] + [0.0] * (len(tree) - 1)
-    for n in range(1, len(tree)):  # parents come before children
+    left = [1.0] * len(tree)  # per parent: chance that none of its earlier children is the token
+    for n in range(1, len(tree)):  # parents come before children, siblings in rank order
         if tree.candidate[n]:
-            p[n] = p[tree.parents[n]] * max(rate(k) for k in node_keys(tree, n))
+            parent = tree.parents[n]
+            # siblings exclude each other (one next token): their chances sum to at most 1
+            cond = min(max(rate(k) for k in node_keys(tree, n, acc.streak)), left[parent])
+            left[parent] -= cond
+            p[n] = p[parent] * cond
     return p
 
 
@@ -159,7 +167,7 @@ class Planner:
             acc, tokens = self.acceptance(sid), [1] * len(sids)
             best, best_d, p, gain = len(sids) / self._time(tokens), 0, 1.0, float(len(sids))
             for d in range(1, self.cfg.max_tokens):
-                p *= max(acc.optimistic((bit, min(d, MAX_DEPTH_KEY), 0)) for bit in bits)
+                p *= max(acc.optimistic((bit, min(d, MAX_DEPTH_KEY), 0, acc.streak)) for bit in bits)
                 gain += p
                 tokens[b] += 1
                 r = gain / self._time(tokens)
@@ -217,12 +225,13 @@ class Planner:
         for n in outcome.rows:
             if n == 0 or not tree.candidate[n] or tree.parents[n] not in on_path:
                 continue
-            for key in node_keys(tree, n):
+            for key in node_keys(tree, n, acc.streak):
                 acc.record(key, n in on_path)
             if n in on_path and tree.sources[n] == HARVEST:
                 self.window_credit += 1
         self.window_columns += len({tree.group[n] for n in outcome.rows if not tree.candidate[n]
                                     and tree.group[n] >= 0})
+        acc.streak = outcome.accepted > 0
 
     def observe_time(self, step_tokens: list[int], wall_ms: float, new_tokens: int) -> None:
         """The whole step took ``wall_ms`` (propose to update) and gained ``new_tokens``."""

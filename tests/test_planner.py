@@ -28,7 +28,7 @@ def test_node_probs_multiply_along_paths_and_rank():
     t.add_chain([7], POOL)  # a second child of the root: rank 1
     t.add_private_chain(0, [9], WINDOW, group=0)
     acc = Acceptance(FIXED)
-    acc.hits[(POOL, 1, 1)], acc.trials[(POOL, 1, 1)] = 0.0, 2.0  # (0 + .4 * 2) / (2 + 2) = .2
+    acc.hits[(POOL, 1, 1, False)], acc.trials[(POOL, 1, 1, False)] = 0.0, 2.0  # (0 + .4 * 2) / (2 + 2) = .2
     assert node_probs(t, acc) == pytest.approx([1, 0.4, 0.16, 0.064, 0.2, 0.0])
 
 
@@ -46,9 +46,9 @@ def test_select_ranks_nodes_across_the_batch():
     # a: nothing accepted so far (rates near 0); b: everything accepted. Tokens cost 1 of 10.
     plan = Planner(linear_cost(10, 1), FIXED)
     for _ in range(20):
-        plan.acceptance(0).record((PLD, 1, 0), False)
+        plan.acceptance(0).record((PLD, 1, 0, False), False)
         for d in range(1, 5):
-            plan.acceptance(1).record((PLD, d, 0), True)
+            plan.acceptance(1).record((PLD, d, 0, False), True)
     assert plan.select([0, 1], [chain(4), chain(4)]) == [[0], [0, 1, 2, 3, 4]]
 
 
@@ -79,7 +79,7 @@ def test_optimism_tries_what_the_prior_rules_out():
     optimist = Planner(cost, PlannerConfig(prior=0.4, learn_overhead=False, explore=1.0))
     assert optimist.select([0], [chain(3)]) == [[0, 1]]
     for _ in range(30):  # evidence that it is rarely accepted ends the optimism
-        optimist.acceptance(0).record((PLD, 1, 0), False)
+        optimist.acceptance(0).record((PLD, 1, 0, False), False)
     assert optimist.select([0], [chain(3)]) == [[0]]
 
 
@@ -93,11 +93,14 @@ def test_observe_counts_trials_whose_parent_was_accepted():
     t = chain(3)
     plan.observe(0, outcome(t, [0, 1], [0, 1, 2, 3]))  # node 1 accepted, node 2 rejected, node 3 untested
     acc = plan.acceptance(0)
-    assert acc.trials == {(PLD, 1, 0): 1.0, (PLD, 2, 0): 1.0} and acc.hits == {(PLD, 1, 0): 1.0, (PLD, 2, 0): 0.0}
+    assert acc.trials == {(PLD, 1, 0, False): 1.0, (PLD, 2, 0, False): 1.0}
+    assert acc.hits == {(PLD, 1, 0, False): 1.0, (PLD, 2, 0, False): 0.0}
     assert plan.shared.trials == acc.trials  # the batch's estimate learns too
-    assert acc.rate((PLD, 1, 0)) > 0.4 > acc.rate((PLD, 2, 0))
+    assert acc.rate((PLD, 1, 0, False)) > 0.4 > acc.rate((PLD, 2, 0, False))
+    assert acc.streak  # a draft was accepted: the next step's trials count as "in a streak"
     plan.observe(0, outcome(t, [0], [0, 1]))  # only what was sent counts
-    assert acc.trials[(PLD, 1, 0)] == pytest.approx(1 + FIXED.decay) and acc.trials[(PLD, 2, 0)] == 1.0
+    assert acc.trials[(PLD, 1, 0, True)] == 1.0 and acc.trials[(PLD, 2, 0, False)] == 1.0
+    assert not acc.streak
 
 
 def test_window_credit_and_cost():
@@ -149,3 +152,13 @@ def test_planned_steps_are_lossless_and_sized_by_cost(tiny, name, per_token):
         assert tokens_per_seq_step == 1.0
     if per_token == 0.0:  # free tokens: whatever the proposer has (PLD: only where the text matches)
         assert tokens_per_seq_step > (4 if name.startswith("lookahead") else 1.5)
+
+
+def test_sibling_chances_sum_to_at_most_one():
+    t = StepTree.root(0)
+    for tok in (1, 2, 3):
+        t.add_chain([tok], PLD)  # three children of the root: ranks 0, 1, 2
+    acc = Acceptance(FIXED)
+    for rank in range(3):
+        acc.hits[(PLD, 1, rank, False)], acc.trials[(PLD, 1, rank, False)] = 8.0, 8.0  # (8 + .8) / 10 = .88 each
+    assert node_probs(t, acc) == pytest.approx([1, 0.88, 0.12, 0.0])
