@@ -27,6 +27,7 @@ import platform
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -35,10 +36,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before `kernels` is imported
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.backend import get_backend, triton_interpreted  # noqa: E402
+from kernels.backend import TorchBackend, get_backend, triton_interpreted  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
+from models.cost import random_tree  # noqa: E402
+from models.linear import Linear  # noqa: E402
 from models.llama import Transformer, rope_inv_freq  # noqa: E402
+from models.loader import DEFAULT_CACHE_DIR  # noqa: E402
 from models.runner import ModelRunner, StepInput  # noqa: E402
+from models.tune import tune_model  # noqa: E402
 
 SHAPES = {
     # Mistral-7B-v0.1 (the sliding window is longer than any context used here).
@@ -113,18 +118,31 @@ def copy_bandwidth(device: torch.device, timer, nbytes: int) -> float:
     return 2 * src.numel() * 4 / (ms * 1e-3) / 1e9
 
 
-def random_tree_mask(T: int, gen: torch.Generator) -> tuple[list[int], torch.Tensor]:
-    """Depths and the (T, T) visibility mask of a random tree of T nodes rooted at node 0
-    (node i's parent is drawn among 0 .. i-1, biased to recent nodes: chains with branches)."""
-    parent = [-1] + [max(0, i - 1 - int(torch.randint(0, 3, (1,), generator=gen))) for i in range(1, T)]
-    mask = torch.zeros(T, T, dtype=torch.bool)
-    depth = [0] * T
-    for i in range(T):
-        mask[i, i] = True
-        if parent[i] >= 0:
-            mask[i] |= mask[parent[i]]
-            depth[i] = depth[parent[i]] + 1
-    return depth, mask
+class _PerLayerTorch(TorchBackend):
+    """The torch backend without its per-step plan: every layer redoes the step's attention
+    bookkeeping, as the forward did before plans existed."""
+
+    def plan(self, meta, block_size, sliding_window):
+        return None
+
+
+@contextmanager
+def baseline_forward(model: Transformer):
+    """The previous forward's structure: every product plain F.linear, attention worked out
+    per layer (torch backend). Restores the model afterwards."""
+    saved = [(m, m.plan) for m in model.modules() if isinstance(m, Linear)]
+    head, backend = model.head_plan, model.backend
+    try:
+        for m, _ in saved:
+            m.plan = None
+        model.head_plan = None
+        if isinstance(backend, TorchBackend):
+            model.backend = _PerLayerTorch()
+        yield
+    finally:
+        for m, p in saved:
+            m.plan = p
+        model.head_plan, model.backend = head, backend
 
 
 def setup_batch(runner: ModelRunner, batch: int, context: int) -> list[int]:
@@ -155,21 +173,26 @@ def measure(args) -> dict:
     gen = torch.Generator().manual_seed(0)
     copy_gbs = copy_bandwidth(device, timer, args.copy_mb << 20)
 
-    def timed(inputs: list[StepInput]) -> tuple[float, float]:
+    tables = None if args.no_tune else tune_model(model, args.cache_dir, args.extra_weight_memory)
+
+    def timed(inputs: list[StepInput]) -> tuple[float, float, float]:
+        """(forward ms, runner step ms, baseline forward ms)."""
         tokens, meta, idx = runner.prepare(inputs)
         with torch.inference_mode():
             fwd = timer(lambda: model(tokens, meta, runner.cache.k, runner.cache.v, idx))
+            with baseline_forward(model):
+                base_fwd = timer(lambda: model(tokens, meta, runner.cache.k, runner.cache.v, idx))
         step = timer(lambda: runner.step(inputs))
-        return fwd, step
+        return fwd, step, base_fwd
 
     decode = []
     bar = _progress(len(args.batch) + len(args.step_batch) * len(args.step_tokens))
     for b in args.batch:
         seqs = setup_batch(runner, b, args.context)
         inputs = [StepInput(s, [int(torch.randint(0, vocab, (1,), generator=gen))]) for s in seqs]
-        fwd, step = timed(inputs)
+        fwd, step, base_fwd = timed(inputs)
         kv_bytes = b * args.context * kv_per_token
-        decode.append(dict(batch=b, context=args.context, forward_ms=fwd, step_ms=step,
+        decode.append(dict(batch=b, context=args.context, forward_ms=fwd, step_ms=step, baseline_ms=base_fwd,
                            tok_s=b / (fwd * 1e-3), weight_gbs=wbytes / (fwd * 1e-3) / 1e9,
                            weight_kv_gbs=(wbytes + kv_bytes) / (fwd * 1e-3) / 1e9,
                            weight_bw_frac=wbytes / (fwd * 1e-3) / 1e9 / copy_gbs))
@@ -182,13 +205,14 @@ def measure(args) -> dict:
         for T in args.step_tokens:
             inputs = []
             for s in seqs:
-                depth, mask = random_tree_mask(T, gen)
+                depth, mask = random_tree(T, gen)
                 toks = torch.randint(0, vocab, (T,), generator=gen).tolist()
                 inputs.append(StepInput(s, toks, depths=depth, mask=None if T == 1 else mask))
-            fwd, step = timed(inputs)
-            base = base or (fwd, step)
+            fwd, step, base_fwd = timed(inputs)
+            base = base or (fwd, step, base_fwd)
             curve.append(dict(batch=b, step_tokens=T, context=args.context, forward_ms=fwd, step_ms=step,
-                              forward_rel=fwd / base[0], step_rel=step / base[1]))
+                              forward_rel=fwd / base[0], step_rel=step / base[1], baseline_ms=base_fwd,
+                              baseline_rel=base_fwd / base[2]))
             bar.update()
     bar.close()
 
@@ -198,7 +222,7 @@ def measure(args) -> dict:
                     triton_interpreted=kernel == "triton" and triton_interpreted(), shape=args.shape,
                     config={k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "intermediate_size",
                                                          "num_layers", "num_heads", "num_kv_heads", "head_dim")},
-                    weight_bytes=wbytes, copy_gbs=copy_gbs, torch=torch.__version__, triton=triton.__version__,
+                    weight_bytes=wbytes, copy_gbs=copy_gbs, product_tables=tables, torch=torch.__version__, triton=triton.__version__,
                     python=platform.python_version(), command=" ".join(sys.argv)),
         decode=decode, step_cost=curve)
 
@@ -221,19 +245,23 @@ def markdown(res: dict) -> str:
              f"{' (Triton interpreted: not a speed measurement)' if h['triton_interpreted'] else ''}, "
              f"torch {h['torch']}, triton {h['triton']}; weights {h['weight_bytes'] / 1e9:.3f} GB; "
              f"copy bandwidth {h['copy_gbs']:.0f} GB/s (read + write)", "",
-             f"`{h['command']}`", "", "## Decode (one token per sequence)", "",
-             "| batch | context | forward ms | step ms | tok/s | weight GB/s | weight+KV GB/s | weight BW / copy BW |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"`{h['command']}`", "",
+             "forward: the model as it runs (tuned products, per-step attention plan); baseline: every product "
+             "plain F.linear and attention worked out per layer (the previous forward), same weights, same run.", "",
+             "## Decode (one token per sequence)", "",
+             "| batch | context | forward ms | baseline ms | speedup | step ms | tok/s | weight GB/s | weight+KV GB/s "
+             "| weight BW / copy BW |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["decode"]:
-        lines.append(f"| {r['batch']} | {r['context']} | {r['forward_ms']:.3f} | {r['step_ms']:.3f} | "
+        lines.append(f"| {r['batch']} | {r['context']} | {r['forward_ms']:.3f} | {r['baseline_ms']:.3f} "
+                     f"| {r['baseline_ms'] / r['forward_ms']:.2f} | {r['step_ms']:.3f} | "
                      f"{r['tok_s']:.1f} | {r['weight_gbs']:.1f} | {r['weight_kv_gbs']:.1f} | "
                      f"{100 * r['weight_bw_frac']:.1f}% |")
     lines += ["", "## Step cost vs step tokens (random draft trees)", "",
-              "| batch | step tokens | forward ms | x one-token forward | step ms | x one-token step |",
-              "|---:|---:|---:|---:|---:|---:|"]
+              "| batch | step tokens | forward ms | x one-token forward | baseline ms | baseline x one-token | "
+              "step ms | x one-token step |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["step_cost"]:
         lines.append(f"| {r['batch']} | {r['step_tokens']} | {r['forward_ms']:.3f} | {r['forward_rel']:.2f} | "
-                     f"{r['step_ms']:.3f} | {r['step_rel']:.2f} |")
+                     f"{r['baseline_ms']:.3f} | {r['baseline_rel']:.2f} | {r['step_ms']:.3f} | {r['step_rel']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -245,6 +273,8 @@ def chart(res: dict, path: Path) -> None:
     for b in sorted({r["batch"] for r in res["step_cost"]}):
         rows = [r for r in res["step_cost"] if r["batch"] == b]
         ax.plot([r["step_tokens"] for r in rows], [r["forward_rel"] for r in rows], "o-", label=f"batch {b}")
+        ax.plot([r["step_tokens"] for r in rows], [r["baseline_rel"] for r in rows], "x--", alpha=0.6,
+                label=f"batch {b}, baseline")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("step tokens per sequence")
     ax.set_ylabel("forward time / one-token forward")
@@ -272,6 +302,10 @@ def main(argv=None) -> dict:
     p.add_argument("--reps", type=int, default=5, help="timed repetitions on a CPU (default 5)")
     p.add_argument("--copy-mb", type=int, default=None, help="buffer of the copy-bandwidth probe (default 1024 GPU, 256 CPU)")
     p.add_argument("--quick", action="store_true", help="few small sizes (smoke test)")
+    p.add_argument("--no-tune", action="store_true", help="keep every product plain F.linear (no tuning)")
+    p.add_argument("--extra-weight-memory", choices=("auto", "on", "off"), default="auto",
+                   help="may tuning keep a packed second copy of the weights (default auto: models <= 2 GiB)")
+    p.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR), help="where tuning results are cached")
     p.add_argument("--out", default="out/model_speed")
     args = p.parse_args(argv)
     gpu = torch.cuda.is_available() and (args.device or "cuda").startswith("cuda")

@@ -138,7 +138,7 @@ def measure_step_cost(model, context: int = 256, reps: int = 3) -> StepCost:
     fresh(1)
     ms = []
     for T in GRID:
-        depths, mask = _random_tree(T, gen)
+        depths, mask = random_tree(T, gen)
         toks = torch.randint(0, vocab, (T,), generator=gen).tolist()
         ms.append(timed([StepInput(0, toks, depths, None if T == 1 else mask)]))
     for i in range(1, len(ms)):
@@ -154,7 +154,7 @@ def measure_step_cost(model, context: int = 256, reps: int = 3) -> StepCost:
     return StepCost(list(GRID), ms, statistics.median(extra), context)
 
 
-def _random_tree(T: int, gen: torch.Generator) -> tuple[list[int], torch.Tensor]:
+def random_tree(T: int, gen: torch.Generator) -> tuple[list[int], torch.Tensor]:
     """Depths and (T, T) visibility of a random tree rooted at node 0 (chains with branches)."""
     parent = [-1] + [max(0, i - 1 - int(torch.randint(0, 3, (1,), generator=gen))) for i in range(1, T)]
     mask = torch.zeros(T, T, dtype=torch.bool)

@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from bench.model_speed import SHAPES, main, random_model, random_tree_mask, weight_bytes
+from bench.model_speed import SHAPES, main, random_model, weight_bytes
+from models.cost import random_tree as random_tree_mask
 from kernels.backend import get_backend
 from models.config import ModelConfig
 from models.runner import ModelRunner, StepInput
@@ -59,13 +60,16 @@ def test_prepare_then_forward_equals_step():
 
 def test_quick_run_writes_tables_and_chart(tmp_path):
     out = tmp_path / "speed"
-    res = main(["--shape", "tiny", "--quick", "--device", "cpu", "--kernel", "torch", "--out", str(out)])
+    res = main(["--shape", "tiny", "--quick", "--device", "cpu", "--kernel", "torch", "--out", str(out),
+                "--cache-dir", str(tmp_path / "cache")])
     assert [r["batch"] for r in res["decode"]] == [1, 2]
     assert [(r["batch"], r["step_tokens"]) for r in res["step_cost"]] == [(b, t) for b in (1, 2) for t in (1, 4, 16)]
     for r in res["decode"]:
         assert r["forward_ms"] > 0 and r["tok_s"] == pytest.approx(r["batch"] / (r["forward_ms"] * 1e-3))
         assert r["weight_gbs"] == pytest.approx(res["header"]["weight_bytes"] / (r["forward_ms"] * 1e-3) / 1e9)
     assert all(r["forward_rel"] == 1.0 for r in res["step_cost"] if r["step_tokens"] == 1)
+    assert all(r["baseline_ms"] > 0 for r in res["step_cost"] + res["decode"])  # beside the tuned forward
+    assert set(res["header"]["product_tables"]) == {"256x128", "128x128", "512x128", "128x256"}  # head = gate_up
     assert res["header"]["copy_gbs"] > 0
     assert json.loads((out / "model_speed.json").read_text())["header"]["shape"] == "tiny"
     assert "Step cost" in (out / "model_speed.md").read_text()
