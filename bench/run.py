@@ -32,7 +32,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kernel", choices=("triton", "torch"), default="triton" if gpu else "torch",
                    help="kernel backend (default: triton on a GPU, torch on a CPU)")
-    p.add_argument("--methods", default="ar,pld,jacobi,lookahead,lookahead+pld",
+    p.add_argument("--methods", default="ar,pld,jacobi,lookahead,lookahead+pld,recycle,suffix,hybrid",
                    help=f"comma list from {','.join(ALL_METHODS)} (ar is always run: it is the baseline)")
     p.add_argument("--tasks", default=None, help="comma list of suite tasks (default: all)")
     p.add_argument("--prompts", type=Path, default=None, help="your own JSONL prompt file instead of the suite")
