@@ -23,42 +23,31 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 ALL_METHODS = ("ar", "pld", "jacobi", "lookahead", "lookahead+pld", "recycle", "suffix", "hybrid", "draft")
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
 
 
 def parse_args(argv=None):
-    gpu = torch.cuda.is_available()
+    from decoding.options import add_decoding_flags, add_model_flags, check
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kernel", choices=("triton", "torch"), default="triton" if gpu else "torch",
-                   help="kernel backend (default: triton on a GPU, torch on a CPU)")
+    add_model_flags(p)
+    add_decoding_flags(p)
     p.add_argument("--methods", default="ar,pld,jacobi,lookahead,lookahead+pld,recycle,suffix,hybrid",
                    help=f"comma list from {','.join(ALL_METHODS)} (ar is always run: it is the baseline)")
     p.add_argument("--tasks", default=None, help="comma list of suite tasks (default: all)")
     p.add_argument("--prompts", type=Path, default=None, help="your own JSONL prompt file instead of the suite")
     p.add_argument("--split", default="test", choices=("dev", "test"), help="suite split (tune on dev)")
-    p.add_argument("--model", default="smollm2", help="'smollm2' (embedded), a .gguf file or an HF folder")
-    p.add_argument("--draft-model", default=None, help="draft model for the 'draft' method (shares the tokenizer)")
-    p.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="default: float32 on CPU, bfloat16 on GPU")
-    p.add_argument("--device", default="cuda" if gpu else "cpu")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (32 with interpreted Triton)")
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=1, help="prompts of one task decoded together (default 1)")
     p.add_argument("--limit", type=int, default=None,
                    help="prompts per task (default: all on a GPU, 1 on a CPU)")
-    p.add_argument("--out", type=Path, default=Path("bench/out"))
+    p.add_argument("--out", type=Path, default=Path("bench/out"), help="folder for results.json/.md and chart.png")
     p.add_argument("--compare-hf", action="store_true",
                    help="also run transformers generate (greedy and prompt lookup) on the same prompts")
-    p.add_argument("--lookahead", default="7,5,7", help="W,N,G of lookahead decoding")
-    p.add_argument("--pld", default="3,10", help="max n-gram, draft length of prompt lookup")
-    p.add_argument("--pld-candidates", type=int, default=4,
-                   help="distinct prompt-lookup continuations merged into lookahead+pld's trie")
-    p.add_argument("--no-plan", action="store_true",
-                   help="send every proposer's whole tree (no step planning from the measured step cost)")
     args = p.parse_args(argv)
+    try:
+        check(args)
+    except ValueError as e:
+        p.error(str(e))
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in args.methods if m not in ALL_METHODS]
     if bad:
@@ -67,6 +56,8 @@ def parse_args(argv=None):
         args.methods.insert(0, "ar")
     if "draft" in args.methods and not args.draft_model:
         p.error("--methods draft needs --draft-model (a smaller model with the same tokenizer)")
+    if args.prompts is not None and not args.prompts.is_file():
+        p.error(f"--prompts {args.prompts}: no such file")
     for name in ("batch_size", "limit", "max_new_tokens"):
         v = getattr(args, name)
         if v is not None and v < 1:
@@ -74,9 +65,8 @@ def parse_args(argv=None):
     args.interpreted = args.kernel == "triton" and not args.device.startswith("cuda")
     if args.max_new_tokens is None:
         args.max_new_tokens = 32 if args.interpreted else 128
-    if args.limit is None and args.prompts is None and not gpu:
+    if args.limit is None and args.prompts is None and not args.device.startswith("cuda"):
         args.limit = 1
-    args.dtype = args.dtype or ("bfloat16" if gpu else "float32")
     return args
 
 
@@ -100,25 +90,6 @@ def load_records(args) -> list[dict]:
         out.append({"id": r["id"], "task": r["task"], "messages": [{"role": "user", "content": first}],
                     "next_turn": r["turns"][1] if r["task"] == "chat" else None})
     return out
-
-
-def make_method(name, args, draft_model):
-    from decoding.draft import DraftModelConfig
-    from decoding.lookahead import LookaheadConfig
-    from decoding.methods import make_proposer
-    from decoding.prompt_lookup import PromptLookupConfig
-
-    max_n, k = (int(x) for x in args.pld.split(","))
-    W, N, G = (int(x) for x in args.lookahead.split(","))
-    if name == "pld":  # fixed draft length, one candidate: the reference's (and transformers') rule
-        return make_proposer(name, config=PromptLookupConfig(max_ngram=max_n, num_draft=k))
-    if name in ("lookahead", "lookahead+pld"):
-        pld = PromptLookupConfig(max_ngram=max_n, num_draft=k, num_candidates=args.pld_candidates)
-        cfg = LookaheadConfig(window=W, ngram=N, guesses=G, pld=pld)
-        return make_proposer(name, config=cfg)
-    if name == "draft":
-        return make_proposer(name, draft_model=draft_model, config=DraftModelConfig())
-    return make_proposer(name)
 
 
 def header(args, model, device_name) -> dict:
@@ -155,8 +126,8 @@ def main(argv=None) -> int:
     from bench.hf_compare import HF_METHODS, hf_generate, load_hf_model
     from bench.report import chart, markdown
     from decoding.generate import generate
+    from decoding.options import DTYPES, build_proposer, sampling_of
     from decoding.planner import Planner
-    from decoding.sampling import SamplingParams
     from kernels.backend import get_backend
     from models.cost import step_cost
     from models.loader import DEFAULT_CACHE_DIR, load_model, resolve_model_path
@@ -170,8 +141,7 @@ def main(argv=None) -> int:
     model, tok = load_model(args.model, backend, dtype, args.device)
     draft = load_model(args.draft_model, backend, dtype, args.device)[0] if "draft" in args.methods else None
     eos = tuple(model.cfg.eos_token_ids)
-    sp = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                        seed=args.seed if args.temperature > 0 else None)
+    sp = sampling_of(args)
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else \
         f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads)"
     methods = list(args.methods)
@@ -207,8 +177,8 @@ def main(argv=None) -> int:
 
     def run(name, prompts, max_new_tokens):
         plan = Planner(cost) if cost is not None and name != "ar" else None
-        res = generate(model, prompts, make_method(name, args, draft), max_new_tokens=max_new_tokens, sampling=sp,
-                       planner=plan)
+        res = generate(model, prompts, build_proposer(name, args, draft), max_new_tokens=max_new_tokens,
+                       sampling=sp, planner=plan)
         return res, (plan.log if plan is not None else None)
 
     # warm-up, every method: first calls pay for allocation (and on a GPU compilation)

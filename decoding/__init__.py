@@ -20,6 +20,7 @@ from decoding.recycle import Recycle, RecycleConfig
 from decoding.sampling import SamplingParams
 from decoding.stats import SeqStats
 from decoding.suffix import Suffix, SuffixConfig
+from decoding.text import TextGenerator, TextResult
 from decoding.tree import StepTree
 
 __all__ = [
@@ -27,5 +28,5 @@ __all__ = [
     "Proposer", "SeqState", "Budget", "Context", "Outcome", "StepTree",
     "PromptLookup", "PromptLookupConfig", "Jacobi", "JacobiConfig", "Lookahead", "LookaheadPLD",
     "LookaheadConfig", "Recycle", "RecycleConfig", "Suffix", "SuffixConfig", "Hybrid", "HybridConfig",
-    "DraftModel", "DraftModelConfig", "Planner", "PlannerConfig",
+    "DraftModel", "DraftModelConfig", "Planner", "PlannerConfig", "TextGenerator", "TextResult",
 ]

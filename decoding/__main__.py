@@ -1,0 +1,3 @@
+from decoding.cli import entry
+
+entry()

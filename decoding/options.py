@@ -1,0 +1,108 @@
+"""Command-line knobs shared by ``python -m decoding`` and ``bench/run.py``: flags, their
+checks (each bad value is a clear error naming the flag and its limit, raised before any
+model loads) and the method configurations they build."""
+
+import argparse
+from typing import Optional
+
+import torch
+
+from decoding.methods import METHODS, make_proposer
+from decoding.sampling import SamplingParams
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    gpu = torch.cuda.is_available()
+    p.add_argument("--model", default="smollm2", help="'smollm2' (the embedded default), a .gguf file or an HF folder")
+    p.add_argument("--draft-model", default=None, help="draft model for the 'draft' method (shares the tokenizer)")
+    p.add_argument("--kernel", choices=("triton", "torch"), default=None,
+                   help="kernel backend (default: triton on a GPU, torch on a CPU)")
+    p.add_argument("--device", default="cuda" if gpu else "cpu", help="cpu, cuda or cuda:N (default: cuda if present)")
+    p.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="default: float32 on CPU, bfloat16 on GPU")
+
+
+def add_decoding_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples exactly")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (1 = off)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (each sequence draws from seed and its index)")
+    p.add_argument("--lookahead", default="7,5,7", help="W,N,G of lookahead decoding: window, n-gram size, guesses")
+    p.add_argument("--pld", default="3,10", help="prompt lookup: longest n-gram matched, draft length")
+    p.add_argument("--pld-candidates", type=int, default=4,
+                   help="distinct prompt-lookup continuations merged into lookahead+pld's trie (default 4)")
+    p.add_argument("--no-plan", action="store_true",
+                   help="send every proposer's whole tree (no step planning from the measured step cost)")
+
+
+def ints(text: str, flag: str, n: int, minimum: list[int]) -> tuple[int, ...]:
+    """``"7,5,7"`` -> (7, 5, 7), or a ValueError naming ``flag``, the count and the limits."""
+    try:
+        vals = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        vals = ()
+    if len(vals) != n:
+        raise ValueError(f"{flag} takes {n} comma-separated integers, got {text!r}")
+    for v, lo in zip(vals, minimum):
+        if v < lo:
+            raise ValueError(f"{flag} {text!r}: each value must be >= {', '.join(map(str, minimum))} in order")
+    return vals
+
+
+def check(args: argparse.Namespace) -> None:
+    """Validate the flags of ``add_model_flags`` / ``add_decoding_flags`` (ValueError naming
+    the flag), and fill the defaults that depend on the device."""
+    dev = str(args.device)
+    if dev.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {dev}: no CUDA device is available here (use --device cpu)")
+    if not (dev == "cpu" or dev.startswith("cuda")):
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {dev!r}")
+    gpu = dev.startswith("cuda")
+    args.kernel = args.kernel or ("triton" if gpu else "torch")
+    args.dtype = args.dtype or ("bfloat16" if gpu else "float32")
+    try:
+        SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    except ValueError as e:
+        raise ValueError(f"--{str(e).split(' ')[0].replace('_', '-')}: {e}") from None
+    args.lookahead_wng = ints(args.lookahead, "--lookahead", 3, [2, 2, 0])
+    args.pld_nk = ints(args.pld, "--pld", 2, [1, 1])
+    if args.pld_candidates < 1:
+        raise ValueError(f"--pld-candidates must be >= 1, got {args.pld_candidates}")
+
+
+def sampling_of(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          seed=args.seed if args.temperature > 0 else None)
+
+
+def build_proposer(name: str, args: argparse.Namespace, draft_model=None):
+    """The proposer for ``name`` with the flags' knobs (after ``check``)."""
+    from decoding.hybrid import HybridConfig
+    from decoding.lookahead import LookaheadConfig
+    from decoding.prompt_lookup import PromptLookupConfig
+
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
+    max_n, k = args.pld_nk
+    W, N, G = args.lookahead_wng
+    if name == "pld":  # fixed draft length, one candidate: the reference's (and transformers') rule
+        return make_proposer(name, config=PromptLookupConfig(max_ngram=max_n, num_draft=k))
+    if name in ("lookahead", "lookahead+pld", "hybrid"):
+        pld = PromptLookupConfig(max_ngram=max_n, num_draft=k, num_candidates=args.pld_candidates)
+        la = LookaheadConfig(window=W, ngram=N, guesses=G, pld=pld)
+        return make_proposer(name, config=HybridConfig(lookahead=la) if name == "hybrid" else la)
+    if name == "draft":
+        return make_proposer(name, draft_model=draft_model)
+    return make_proposer(name)
+
+
+def planner_for(model, name: str, no_plan: bool, cache_dir) -> Optional[object]:
+    """A step planner from the model's measured (cached) step cost; None for ``ar`` or with
+    --no-plan."""
+    if no_plan or name == "ar":
+        return None
+    from decoding.planner import Planner
+    from models.cost import step_cost
+    return Planner(step_cost(model, cache_dir))
