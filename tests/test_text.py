@@ -1,0 +1,120 @@
+"""Text in, text out: TextGenerator (strings, chat messages, stop strings, streaming, EOS) and
+the CLI ``python -m decoding`` on the embedded default model."""
+
+import io
+import json
+
+import pytest
+
+from decoding import TextGenerator
+from decoding.cli import main, parse_args
+
+QUESTION = "What is the capital of France? Answer in one sentence."
+
+
+@pytest.fixture(scope="module")
+def gen(smol):
+    return TextGenerator(smol.model, smol.tokenizer)
+
+
+@pytest.fixture(scope="module")
+def ar_answer(gen):
+    return gen.generate(QUESTION, "ar", max_new_tokens=48)[0]
+
+
+def test_string_prompt_gives_the_decoded_answer_without_eos(gen, ar_answer):
+    r = ar_answer
+    eos = set(gen.model.cfg.eos_token_ids)
+    assert r.finish_reason == "eos" and r.token_ids[-1] in eos  # this answer ends by itself
+    assert r.text == gen.tokenizer.decode(r.token_ids[:-1], skip_special_tokens=True)
+    assert "Paris" in r.text and "<|im_end|>" not in r.text
+    assert r.prompt_tokens == len(gen.encode(QUESTION))
+
+
+def test_chat_messages_and_methods_give_the_same_greedy_text(gen, ar_answer):
+    msgs = [{"role": "user", "content": QUESTION}]
+    assert gen.generate(msgs, "ar", max_new_tokens=48)[0].text == ar_answer.text
+    for method in ("pld", "lookahead+pld"):
+        assert gen.generate([QUESTION], method, max_new_tokens=48, plan=False)[0].text == ar_answer.text
+
+
+def test_stop_string_cuts_the_text_and_the_stream(gen, ar_answer):
+    full = ar_answer.text
+    stop = full.split()[3]  # a word in the middle of the answer
+    pieces = []
+    r = gen.generate(QUESTION, "pld", max_new_tokens=48, stop=[stop, "never-appears"], plan=False,
+                     stream=lambda i, p: pieces.append((i, p)))[0]
+    assert r.finish_reason == "stop"
+    assert r.text == full[:full.find(stop)]
+    assert "".join(p for _, p in pieces) == r.text and {i for i, _ in pieces} == {0}
+    assert len(r.token_ids) < len(ar_answer.token_ids)
+
+
+def test_streamed_pieces_add_up_to_the_text_in_a_batch(gen):
+    prompts = [QUESTION, "Write a Python function that adds two numbers."]
+    pieces = {0: [], 1: []}
+    res = gen.generate(prompts, "lookahead+pld", max_new_tokens=24, plan=False,
+                       stream=lambda i, p: pieces[i].append(p))
+    for i, r in enumerate(res):
+        assert "".join(pieces[i]) == r.text and r.text
+
+
+def test_text_errors(gen):
+    with pytest.raises(ValueError, match="prompts is empty"):
+        gen.generate([], "ar")
+    with pytest.raises(ValueError, match="stop must be a list of non-empty strings"):
+        gen.generate(QUESTION, "ar", stop=[""])
+    with pytest.raises(ValueError, match="chat messages"):
+        gen.generate([[{"role": "user"}]], "ar")
+
+
+# --- the CLI ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, message", [
+    (["hi", "--lookahead", "7,5"], "--lookahead takes 3 comma-separated integers"),
+    (["hi", "--lookahead", "7,1,7"], "--lookahead '7,1,7': each value must be >="),
+    (["hi", "--pld", "x"], "--pld takes 2 comma-separated integers"),
+    (["hi", "--temperature", "-1"], "--temperature"),
+    (["hi", "--top-p", "0"], "--top-p"),
+    (["hi", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["hi", "--pld-candidates", "0"], "--pld-candidates must be >= 1"),
+    (["hi", "--method", "draft"], "--method draft needs --draft-model"),
+    ([], "give a prompt or --messages FILE"),
+    (["hi", "--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
+])
+def test_cli_rejects_bad_flags_before_loading(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_cli_device_cuda_without_cuda(monkeypatch, capsys):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        parse_args(["hi", "--device", "cuda"])
+    assert "--device cuda: no CUDA device is available" in capsys.readouterr().err
+
+
+def test_cli_messages_file_errors(tmp_path, capsys):
+    missing = tmp_path / "nope.json"
+    bad = tmp_path / "bad.json"
+    bad.write_text("[{")
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps([{"role": "robot", "content": "x"}]))
+    for path, message in [(missing, "no such file"), (bad, "not JSON"), (wrong, "expected a non-empty list")]:
+        with pytest.raises(SystemExit):
+            parse_args(["--messages", str(path)])
+        assert f"--messages {path}: {message}" in capsys.readouterr().err
+
+
+def test_cli_streams_the_answer_and_reports_tau(smol, ar_answer, tmp_path):
+    msgs = tmp_path / "chat.json"
+    msgs.write_text(json.dumps([{"role": "user", "content": QUESTION}]))
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["--messages", str(msgs), "--method", "pld", "--max-new-tokens", "48", "--no-plan"],
+                out=out, err=err) == 0
+    assert out.getvalue() == ar_answer.text + "\n"
+    report = err.getvalue()
+    assert "[pld] " in report and "tokens/s" in report and "tau " in report and "finish: eos" in report
+    assert "tokens gained per step -> steps: 1: " in report
