@@ -53,6 +53,12 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "ModelConfig":
         """From a Hugging Face ``config.json`` dict."""
+        quant = cfg.get("quantization_config")
+        if quant:
+            method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else type(quant).__name__
+            raise ValueError(f"the model is quantised ({method}; quantization_config in its config): our forward "
+                             f"needs unquantised weights (fp32 / fp16 / bf16 safetensors), or a GGUF file, whose "
+                             f"quantised tensors are dequantised on load")
         archs = cfg.get("architectures") or []
         arch = next((HF_ARCHITECTURES[a] for a in archs if a in HF_ARCHITECTURES), None)
         if arch is None:

@@ -6,6 +6,7 @@ tokenizer and chat template; the forward is ours (models/llama.py).
 """
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 from dataclasses import asdict
@@ -22,6 +23,13 @@ from models.llama import Transformer, rope_inv_freq
 DEFAULT_MODEL = "smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "specdec"
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "version unknown"
 
 
 def default_model_path() -> Path:
@@ -92,14 +100,19 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
 def _open_gguf(path: Path):
     import gguf
 
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file: it starts with {magic!r}, a GGUF file with b'GGUF'")
+    size = path.stat().st_size
     try:
         reader = gguf.GGUFReader(str(path))
-        size = path.stat().st_size
-        for t in reader.tensors:  # the reader maps lazily: check every tensor lies inside the file
-            if t.data_offset + t.n_bytes > size:
-                raise ValueError(f"tensor {t.name} ends at byte {t.data_offset + t.n_bytes} > file size {size}")
-    except Exception as e:  # numpy / struct errors from a damaged file
-        raise ValueError(f"cannot read GGUF file {path}: {e} (truncated or not a GGUF file?)") from e
+    except Exception as e:  # numpy / struct errors from a damaged header
+        raise ValueError(f"cannot read the GGUF header of {path} ({size} bytes): {type(e).__name__}: {e}") from e
+    for t in reader.tensors:  # the reader maps lazily: check every tensor lies inside the file
+        if t.data_offset + t.n_bytes > size:
+            raise ValueError(f"{path} is truncated: tensor {t.name} ends at byte {t.data_offset + t.n_bytes} "
+                             f"but the file has {size} bytes")
     meta = {}
     for key, field in reader.fields.items():
         try:
@@ -114,7 +127,13 @@ def _gguf_state_dict(reader, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor],
 
     sd, rope_factors = {}, None
     for t in reader.tensors:
-        w = np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        try:
+            w = np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        except NotImplementedError:
+            kind = gguf.GGMLQuantizationType(t.tensor_type).name
+            raise ValueError(f"tensor {t.name!r} is stored as {kind}, which the installed gguf package "
+                             f"({_version('gguf')}) cannot dequantise; re-quantise the model to a type it "
+                             f"reads (F32, F16, BF16, Q4_0/1, Q5_0/1, Q8_0, Q2_K..Q6_K) or upgrade gguf") from None
         if t.name == "rope_freqs.weight":  # Llama 3.1 frequency factors
             rope_factors = torch.from_numpy(w.copy())
             continue
@@ -219,10 +238,49 @@ def load_model(model: Optional[str] = None, backend: Optional[Backend | str] = N
         cfg, sd, rope_factors, tok = _load_gguf(path, Path(cache_dir))
     else:
         cfg, sd, rope_factors, tok = _load_hf_folder(path)
-    if tok.eos_token_id is not None and tok.eos_token_id not in cfg.eos_token_ids:
-        cfg.eos_token_ids = cfg.eos_token_ids + (tok.eos_token_id,)
+    return _finish(cfg, sd, tok, backend, dtype, device, rope_factors, tune, cache_dir, extra_weight_memory)
+
+
+def _finish(cfg, sd, tok, backend, dtype, device, rope_factors, tune, cache_dir, extra_weight_memory) -> LoadedModel:
+    eos = getattr(tok, "eos_token_id", None)
+    if eos is not None and eos not in cfg.eos_token_ids:
+        cfg.eos_token_ids = cfg.eos_token_ids + (eos,)
     built = build_model(cfg, sd, backend, dtype, device, rope_factors)
     if tune:
         from models.tune import tune_model
         tune_model(built, cache_dir, extra_weight_memory)
     return LoadedModel(built, tok)
+
+
+def from_hf(hf_model, tokenizer=None, *, backend: Optional[Backend | str] = None,
+            dtype: Optional[torch.dtype] = None, device: Optional[torch.device | str] = None,
+            tune: bool = False, cache_dir: Path | str = DEFAULT_CACHE_DIR,
+            extra_weight_memory: str = "auto") -> LoadedModel:
+    """Our model from an in-memory transformers ``LlamaForCausalLM``, ``MistralForCausalLM`` or
+    ``Qwen2ForCausalLM``. The transformers model is read once and not used afterwards.
+
+    ``dtype`` / ``device`` default to the transformers model's; ``backend`` as in
+    ``load_model``; ``tune`` (off by default here: a quick experiment rarely wants the ~6 s
+    measurement) as in ``load_model``. ``tokenizer`` is passed through to the result and its EOS
+    token, like the model's generation config's, ends generation."""
+    from kernels.backend import get_backend
+
+    if not hasattr(hf_model, "config") or not hasattr(hf_model, "state_dict"):
+        raise ValueError(f"from_hf takes a transformers model, got {type(hf_model).__name__}")
+    if not hasattr(hf_model, "lm_head"):
+        raise ValueError(f"from_hf takes a *ForCausalLM model (with its lm_head), got {type(hf_model).__name__}")
+    cfg = ModelConfig.from_hf(hf_model.config.to_dict())
+    param = next(hf_model.parameters())
+    if param.device.type == "meta":
+        raise ValueError("the transformers model has weights on the meta device (offloaded or not loaded yet)")
+    dtype = dtype or param.dtype
+    device = torch.device(device) if device is not None else param.device
+    if backend is None or isinstance(backend, str):
+        backend = get_backend(backend or ("triton" if device.type == "cuda" else "torch"), device)
+    gen_eos = getattr(getattr(hf_model, "generation_config", None), "eos_token_id", None)
+    for e in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]):
+        if e is not None and e not in cfg.eos_token_ids:
+            cfg.eos_token_ids = cfg.eos_token_ids + (int(e),)
+    with torch.no_grad():
+        sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
+    return _finish(cfg, sd, tokenizer, backend, dtype, device, None, tune, cache_dir, extra_weight_memory)

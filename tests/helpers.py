@@ -6,7 +6,7 @@ import torch
 
 from kernels.backend import get_backend
 from models.config import ModelConfig
-from models.loader import build_model
+from models.loader import build_model, from_hf
 from models.runner import ModelRunner
 
 TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -40,8 +40,7 @@ def tiny_hf_model(arch: str = "llama", seed: int = 0, **overrides):
 
 def ours_from_hf(hf_model, kernel: str = "torch", cache_tokens: int = 2048, block_size: int = 4,
                  shuffle_seed: int | None = 0):
-    cfg = ModelConfig.from_hf(hf_model.config.to_dict())
-    model = build_model(cfg, hf_model.state_dict(), get_backend(kernel))
+    model = from_hf(hf_model, backend=get_backend(kernel)).model
     runner = ModelRunner(model, cache_tokens=cache_tokens, block_size=block_size)
     if shuffle_seed is not None:  # scatter sequences over the pool
         random.Random(shuffle_seed).shuffle(runner.cache.free_blocks)

@@ -63,8 +63,62 @@ def test_truncated_gguf(tmp_path):
     with pytest.raises(ValueError, match="truncated"):
         load_model(str(bad), cache_dir=tmp_path / "cache")
     bad.write_bytes(b"GGUF" + b"\0" * 10)
-    with pytest.raises(ValueError, match="cannot read GGUF"):
+    with pytest.raises(ValueError, match="cannot read the GGUF header"):
         load_model(str(bad), cache_dir=tmp_path / "cache")
+    bad.write_bytes(b"PK\3\4 a zip file")
+    with pytest.raises(ValueError, match=r"is not a GGUF file: it starts with b'PK"):
+        load_model(str(bad), cache_dir=tmp_path / "cache")
+
+
+def test_gguf_tensor_type_gguf_cannot_dequantise(tmp_path, monkeypatch):
+    import gguf
+
+    real = gguf.quants.dequantize
+
+    def no_q4_1(data, qtype):  # as if the installed gguf lacked Q4_1, the default model's type
+        if qtype == gguf.GGMLQuantizationType.Q4_1:
+            raise NotImplementedError("Dequantization for Q4_1 is not yet implemented")
+        return real(data, qtype)
+
+    monkeypatch.setattr(gguf.quants, "dequantize", no_q4_1)
+    with pytest.raises(ValueError, match=r"tensor '.+' is stored as Q4_1, which the installed gguf package "
+                                         r"\(\d[^)]*\) cannot dequantise"):
+        load_model(str(default_model_path()), cache_dir=tmp_path / "cache")
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+def test_quantised_hf_folder(tmp_path, method):
+    hf = tiny_hf_model("llama")
+    hf.save_pretrained(str(tmp_path))
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": method, "bits": 4}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=f"the model is quantised \\({method};"):
+        load_model(str(tmp_path))
+
+
+def test_from_hf_builds_ours_from_an_in_memory_transformers_model():
+    import torch
+    from transformers import LlamaModel
+
+    from models.loader import from_hf
+
+    for arch in ("llama", "mistral", "qwen2"):
+        hf = tiny_hf_model(arch, sliding_window=8) if arch == "mistral" else tiny_hf_model(arch)
+        hf.generation_config.eos_token_id = 5
+        loaded = from_hf(hf, "a tokenizer")
+        assert loaded.tokenizer == "a tokenizer" and 5 in loaded.model.cfg.eos_token_ids
+        assert loaded.model.cfg.architecture == arch and loaded.model.inv_freq.dtype == torch.float32
+        ids = [3, 9, 7, 11, 2, 13, 4, 6, 8, 10]  # longer than mistral's window
+        ours = generate(loaded.model, [ids], max_new_tokens=6, eos_token_ids=())[0].output_ids
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([ids]), max_new_tokens=6, min_new_tokens=6, do_sample=False,
+                              eos_token_id=None)[0, len(ids):].tolist()
+        assert ours == ref, arch
+    with pytest.raises(ValueError, match=r"\*ForCausalLM model \(with its lm_head\), got LlamaModel"):
+        from_hf(LlamaModel(tiny_hf_model("llama").config))
+    with pytest.raises(ValueError, match="takes a transformers model, got str"):
+        from_hf("llama")
 
 
 def test_unsupported_architecture(tmp_path):
