@@ -7,6 +7,7 @@ A new method is a ``Proposer`` subclass with a ``SeqState`` subclass for its per
 state (see decoding/proposer.py for the contract).
 """
 
+from decoding.compat import from_lookahead, from_transformers, from_vllm
 from decoding.draft import DraftModel, DraftModelConfig
 from decoding.generate import GenerationResult, generate
 from decoding.hybrid import Hybrid, HybridConfig
@@ -29,4 +30,5 @@ __all__ = [
     "PromptLookup", "PromptLookupConfig", "Jacobi", "JacobiConfig", "Lookahead", "LookaheadPLD",
     "LookaheadConfig", "Recycle", "RecycleConfig", "Suffix", "SuffixConfig", "Hybrid", "HybridConfig",
     "DraftModel", "DraftModelConfig", "Planner", "PlannerConfig", "TextGenerator", "TextResult",
+    "from_transformers", "from_vllm", "from_lookahead",
 ]
