@@ -5,6 +5,8 @@ setup(
     version="0.1.0",
     description="Draft-free speculative decoding (prompt lookup, Jacobi, lookahead) with Triton kernels "
     "over a paged KV cache",
+    license="Apache-2.0",
+    license_files=["LICENSE"],
     python_requires=">=3.10",
     packages=["kernels", "models", "decoding", "bench", "bench.data"],
     package_data={"bench.data": ["*.jsonl", "*.md", "*.txt"]},
@@ -13,11 +15,10 @@ setup(
         # installs nothing more. GPU machines keep their own torch.
         "torch>=2.5",  # SDPA enable_gqa
         "triton>=3.0",
-        "transformers>=4.46",
-        "accelerate",  # transformers needs it to load GGUF files (reference checks, --compare-hf)
+        "transformers>=4.56",  # from_pretrained(dtype=...); tokenizers and chat templates
+        "accelerate",  # transformers refuses GGUF files without it (tests/test_errors.py shows it)
         "tokenizers",
-        "jinja2",
-        "einops",
+        "jinja2",  # chat templates
         "gguf>=0.10",
         "safetensors",
         "numpy",

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The whole GPU measurement plan in one call (see ../shared/GPU.md and the README's "GPU" notes).
+# The whole GPU measurement plan in one call (see the README's "On a GPU" notes).
 #
 #   bash bench/gpu_session.sh [GGUF] [OUTDIR]
 #
-# GGUF defaults to /tmp/m/smollm2.gguf (brought in two parts as GPU.md describes), OUTDIR to
+# GGUF defaults to /tmp/m/smollm2.gguf (copied there beforehand: a GPU box may have no index), OUTDIR to
 # $OUT (the device tool's return folder) or out/gpu. Needs the `gguf` wheel on PYTHONPATH there
 # (GGUF reading, ours and transformers'). Steps, each writing its own log so that a step that
 # fails or runs out of time does not lose the others (8 files come back: the device tool's limit):

@@ -157,3 +157,15 @@ def test_load_model_picks_the_backend_for_the_device(monkeypatch):
         loaded = load_model(backend=backend, device=device, tune=False)
         assert loaded.model == "model" and loaded.tokenizer is not None
     assert seen == ["torch", "triton", "torch"]
+
+
+def test_transformers_needs_accelerate_to_load_gguf(monkeypatch):
+    """Why setup.py declares accelerate: transformers' GGUF loading (the reference checks and
+    --compare-hf) refuses to run without it."""
+    import transformers.modeling_utils as mu
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr(mu, "is_accelerate_available", lambda: False)
+    path = default_model_path()
+    with pytest.raises(ValueError, match="accelerate is required when loading a GGUF file"):
+        AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
