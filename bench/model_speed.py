@@ -287,14 +287,14 @@ def chart(res: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> dict:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", choices=sorted(SHAPES), default=None,
                    help="model shape (default: mistral-7b on a GPU, smollm2-135m on a CPU)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on a GPU, fp32 on a CPU")
     p.add_argument("--kernel", choices=["triton", "torch"], default=None,
                    help="default: triton on a GPU, torch on a CPU")
-    p.add_argument("--device", default=None)
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
     p.add_argument("--batch", type=ints, default=None, help="decode batch sizes (default 1,2,4,8,16,32,64)")
     p.add_argument("--step-tokens", type=ints, default=None, help="step sizes (default 1,2,4,...,128)")
     p.add_argument("--step-batch", type=ints, default=None, help="batch sizes of the step-cost curve (default 1,8)")
@@ -306,7 +306,8 @@ def main(argv=None) -> dict:
     p.add_argument("--extra-weight-memory", choices=("auto", "on", "off"), default="auto",
                    help="may tuning keep a packed second copy of the weights (default auto: models <= 2 GiB)")
     p.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR), help="where tuning results are cached")
-    p.add_argument("--out", default="out/model_speed")
+    p.add_argument("--out", default="out/model_speed",
+                   help="folder for model_speed.json/.md and step_cost.png (default out/model_speed)")
     args = p.parse_args(argv)
     gpu = torch.cuda.is_available() and (args.device or "cuda").startswith("cuda")
     args.shape = args.shape or ("mistral-7b" if gpu else "smollm2-135m")
@@ -330,7 +331,11 @@ def main(argv=None) -> dict:
         p.error(f"--reps must be >= 1, got {args.reps}")
     if max(args.step_tokens) > 1024:
         p.error(f"--step-tokens at most 1024 (one step's mask), got {max(args.step_tokens)}")
+    return args
 
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
     res = measure(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
