@@ -233,8 +233,13 @@ def main(argv=None) -> int:
     if cost is not None:
         head["step cost"] = (f"forward ms at T step tokens (batch 1, context {cost.context}): "
                              + ", ".join(f"{t}: {m:.1f}" for t, m in zip(cost.tokens, cost.ms))
-                             + f"; +{cost.per_seq_ms:.2f} ms per extra sequence")
-        head["step_cost_curve"] = {"tokens": cost.tokens, "ms": cost.ms, "per_seq_ms": cost.per_seq_ms}
+                             + f"; +{cost.per_seq_ms:.2f} ms per extra sequence"
+                             + (f"; at context {cost.long_context}: "
+                                + ", ".join(f"{t}: {m:.1f}" for t, m in zip(cost.long_tokens, cost.long_ms))
+                                if cost.long_context else ""))
+        head["step_cost_curve"] = {"tokens": cost.tokens, "ms": cost.ms, "per_seq_ms": cost.per_seq_ms,
+                                   "long_context": cost.long_context, "long_tokens": cost.long_tokens,
+                                   "long_ms": cost.long_ms}
     if skipped:
         head["skipped"] = skipped
     tasks = list(dict.fromkeys(r["task"] for r in results))

@@ -116,7 +116,8 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
     sids = [st.sid for st in states]
     depth = [s.remaining - 1 for s in active]
     if planner is not None:
-        depth = [min(d, p) for d, p in zip(depth, planner.max_depth(sids, proposer.sources))]
+        contexts = [st.committed for st in states]
+        depth = [min(d, p) for d, p in zip(depth, planner.max_depth(sids, proposer.sources, contexts))]
     trees = proposer.propose(states, [Budget(max_depth=d) for d in depth], ctx)
     keep = [list(range(len(t))) for t in trees] if planner is None else planner.select(sids, trees)
     sent = [t if len(k) == len(t) else t.subtree(k)[0] for t, k in zip(trees, keep)]

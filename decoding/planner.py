@@ -18,13 +18,15 @@ likely to be accepted, or tokens are dear, steps shrink to one token per sequenc
 decoding, and never slower than it by the model's own estimate.
 """
 
+import inspect
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 from decoding.proposer import Outcome
 from decoding.tree import HARVEST, WINDOW, StepTree
 
-CostFn = Callable[[list[int]], float]  # step tokens of each sequence -> predicted ms of the forward
+# (step tokens of each sequence[, their committed lengths]) -> predicted ms of the forward
+CostFn = Callable[..., float]
 
 MAX_DEPTH_KEY = 8  # depths beyond share one estimate
 MAX_RANK_KEY = 3  # so do sibling ranks (0 = the first child of its parent, e.g. the top-1 prediction)
@@ -133,6 +135,11 @@ class Planner:
 
     def __init__(self, cost: CostFn, cfg: PlannerConfig | None = None):
         self.cost, self.cfg = cost, cfg or PlannerConfig()
+        try:  # does the cost take the sequences' committed lengths (models.cost.StepCost does)?
+            self._with_contexts = len(inspect.signature(cost).parameters) >= 2
+        except (TypeError, ValueError):
+            self._with_contexts = False
+        self.contexts: Optional[list[int]] = None  # of the batch being planned
         self.shared = Acceptance(self.cfg)
         self.seq_acc: dict[int, Acceptance] = {}
         self.window_credit = 0.0  # accepted tokens only the window's harvest proposed
@@ -153,14 +160,22 @@ class Planner:
         c = self.cfg
         return (self.window_credit + c.window_rate * c.window_weight) / (self.window_columns + c.window_weight)
 
+    def _cost(self, tokens: list[int]) -> float:
+        if self._with_contexts and self.contexts is not None and len(self.contexts) == len(tokens):
+            return self.cost(tokens, self.contexts)
+        return self.cost(tokens)
+
     def _time(self, tokens: list[int]) -> float:
-        return self.cost(tokens) + (self.overhead_ms if self.cfg.learn_overhead else 0.0)
+        return self._cost(tokens) + (self.overhead_ms if self.cfg.learn_overhead else 0.0)
 
     # ---- before proposing -------------------------------------------------------------------
-    def max_depth(self, sids: list[int], sources: int) -> list[int]:
+    def max_depth(self, sids: list[int], sources: int, contexts: Optional[list[int]] = None) -> list[int]:
         """Per sequence, the deepest chain of the proposer's ``sources`` worth verifying if
         the rest of the batch sent one token each: the depth that maximises expected tokens
-        per unit of time along the best chain (rank 0, the best source at each depth)."""
+        per unit of time along the best chain (rank 0, the best source at each depth).
+        ``contexts``: the sequences' committed lengths, for a cost that depends on them (they
+        hold for this step's ``select`` and ``observe_time`` too)."""
+        self.contexts = contexts
         bits = _bits(sources & ~WINDOW) or [0]
         out = []
         for b, sid in enumerate(sids):
@@ -194,7 +209,12 @@ class Planner:
                     groups.setdefault(tree.group[n], []).append(n)
             for g, nodes in groups.items():
                 items.append(_Item(b, wrate, len(nodes), nodes, (1, g, 0)))
-        items.sort(key=lambda it: (-it.value / it.tokens, it.order))
+        # rank by expected tokens per unit of added time: a token costs more in a sequence over a
+        # longer prefix when the cost knows the committed lengths (else every unit is the same)
+        ones = [1] * len(trees)
+        base = self._cost(ones)
+        unit = [max(1e-6, self._cost(ones[:b] + [2] + ones[b + 1:]) - base) for b in range(len(trees))]
+        items.sort(key=lambda it: (-it.value / (it.tokens * unit[it.seq]), it.order))
         tokens = [1] * len(trees)
         gain = float(len(trees))
         best, best_k = gain / self._time(tokens), 0
@@ -235,7 +255,7 @@ class Planner:
 
     def observe_time(self, step_tokens: list[int], wall_ms: float, new_tokens: int) -> None:
         """The whole step took ``wall_ms`` (propose to update) and gained ``new_tokens``."""
-        predicted = self.cost(step_tokens)
+        predicted = self._cost(step_tokens)
         self.overhead_ms = max(0.0, 0.9 * self.overhead_ms + 0.1 * (wall_ms - predicted))
         log = self.log
         log["steps"] += 1
@@ -244,4 +264,4 @@ class Planner:
         log["new_tokens"] += new_tokens
         log["predicted_ms"] += predicted
         log["measured_ms"] += wall_ms
-        log["one_token_ms"] += self.cost([1] * len(step_tokens))
+        log["one_token_ms"] += self._cost([1] * len(step_tokens))

@@ -4,9 +4,12 @@ of each sequence, measured once on the device and cached. The step planner
 
 Measured at start-up in a few seconds: a step of T tokens (a random draft tree's mask, as
 speculative methods send) for T in ``GRID`` at batch 1 over a ``context``-token prefix, and
-one-token steps at batch 2, 4 and 8 for the per-sequence cost (attention, packing). The
-prediction interpolates the batch-1 curve at the batch's total tokens (made non-decreasing)
-and adds the per-sequence cost for each sequence past the first. The cache file lives under
+one-token steps at batch 2, 4 and 8 for the per-sequence cost (attention, packing), and a
+coarse curve (``LONG_GRID``) over a 4x longer prefix for what attention adds per committed
+token. The prediction interpolates the batch-1 curve at the batch's total tokens (made
+non-decreasing), adds the per-sequence cost for each sequence past the first and, when the
+sequences' committed lengths are given, each sequence's attention cost for its own length
+(linear in the length, from the two curves at its own step tokens). The cache file lives under
 ``cache_dir/cost/``; one that is corrupt or was written for another device, model, dtype,
 kernel backend or product table is ignored with a warning and measured again.
 """
@@ -17,7 +20,7 @@ import json
 import statistics
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -26,7 +29,9 @@ import torch
 from models.tune import device_name
 
 GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+LONG_GRID = (1, 4, 16, 64)
 BATCHES = (2, 4, 8)
+VERSION = 2  # of the cache's content
 
 
 @dataclass
@@ -35,13 +40,30 @@ class StepCost:
     ms: list[float]  # their forward time, non-decreasing
     per_seq_ms: float  # each sequence past the first
     context: int  # committed tokens per sequence when measured
+    long_context: int = 0  # a longer prefix (0: not measured)
+    long_tokens: list[int] = field(default_factory=list)  # step tokens measured at long_context
+    long_ms: list[float] = field(default_factory=list)  # their forward time there
 
-    def __call__(self, step_tokens: list[int]) -> float:
-        """Predicted ms of a forward whose sequences send ``step_tokens`` tokens each."""
-        return self.curve(sum(step_tokens)) + self.per_seq_ms * max(0, len(step_tokens) - 1)
+    def __call__(self, step_tokens: list[int], contexts: Optional[list[int]] = None) -> float:
+        """Predicted ms of a forward whose sequences send ``step_tokens`` tokens each, over
+        ``contexts`` committed tokens each (None: the measured ``context``)."""
+        ms = self.curve(sum(step_tokens)) + self.per_seq_ms * max(0, len(step_tokens) - 1)
+        if contexts is not None and self.long_context > self.context:
+            span = self.long_context - self.context
+            for t, c in zip(step_tokens, contexts):
+                ms += self.attention_slope(t) * (c - self.context) / span
+        return max(ms, 0.5 * self.ms[0])
+
+    def attention_slope(self, t: int) -> float:
+        """What ``long_context - context`` more committed tokens add to a step of ``t`` tokens."""
+        long = self._interp(self.long_tokens, self.long_ms, t)
+        return max(0.0, long - self._interp(self.long_tokens, [self.curve(x) for x in self.long_tokens], t))
 
     def curve(self, total: int) -> float:
-        ts, ms = self.tokens, self.ms
+        return self._interp(self.tokens, self.ms, total)
+
+    @staticmethod
+    def _interp(ts: list[int], ms: list[float], total: int) -> float:
         if total <= ts[0]:
             return ms[0]
         if total >= ts[-1]:  # beyond the grid: the last segment's slope
@@ -62,7 +84,7 @@ def _key(model, context: int) -> dict:
     cfg = model.cfg
     plans = [getattr(m, "plan", None) for m in model.modules()] + [model.head_plan]
     tables = json.dumps([p.table for p in plans if p is not None])
-    return {"device": device_name(model.device), "threads": torch.get_num_threads(), "torch": torch.__version__,
+    return {"version": VERSION, "device": device_name(model.device), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "dtype": str(model.dtype), "backend": model.backend.name, "context": context,
             "shape": [cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads,
                       cfg.num_kv_heads, cfg.head_dim],
@@ -93,7 +115,9 @@ def _read(path: Path, key: dict) -> Optional[StepCost]:
             return None
         cost = StepCost(**data["cost"])
         ok = (len(cost.tokens) == len(cost.ms) >= 2 and cost.tokens == sorted(cost.tokens)
-              and all(b >= a > 0 for a, b in zip(cost.ms, cost.ms[1:])) and cost.per_seq_ms >= 0)
+              and all(b >= a > 0 for a, b in zip(cost.ms, cost.ms[1:])) and cost.per_seq_ms >= 0
+              and len(cost.long_tokens) == len(cost.long_ms) and all(m > 0 for m in cost.long_ms)
+              and (cost.long_context == 0 or (cost.long_context > cost.context and len(cost.long_ms) >= 2)))
         if not ok:
             raise ValueError("the curve is not a non-decreasing positive list")
         return cost
@@ -109,7 +133,9 @@ def measure_step_cost(model, context: int = 256, reps: int = 3) -> StepCost:
 
     gen = torch.Generator().manual_seed(0)
     dev = model.device
-    runner = ModelRunner(model, cache_tokens=max(BATCHES) * (context + max(GRID) + 32), block_size=16)
+    long_context = min(4 * context, model.cfg.max_position_embeddings - max(GRID) - 1)
+    runner = ModelRunner(model, cache_tokens=max(max(BATCHES) * (context + max(GRID) + 32),
+                                                 long_context + max(GRID) + 32), block_size=16)
 
     def timed(inputs) -> float:
         tokens, meta, idx = runner.prepare(inputs)
@@ -126,21 +152,24 @@ def measure_step_cost(model, context: int = 256, reps: int = 3) -> StepCost:
             times.append(time.perf_counter() - t)
         return statistics.median(times) * 1e3
 
-    def fresh(batch: int) -> list[int]:
+    def fresh(batch: int, length: int = context) -> list[int]:
         for s in runner.seq_ids:
             runner.free(s)
         for s in range(batch):
             runner.add_sequence(s)
-            runner.assume_context(s, context)
+            runner.assume_context(s, length)
         return list(range(batch))
+
+    def tree_step(T: int) -> StepInput:
+        depths, mask = random_tree(T, gen)
+        toks = torch.randint(0, vocab, (T,), generator=gen).tolist()
+        return StepInput(0, toks, depths, None if T == 1 else mask)
 
     vocab = model.cfg.vocab_size
     fresh(1)
     ms = []
     for T in GRID:
-        depths, mask = random_tree(T, gen)
-        toks = torch.randint(0, vocab, (T,), generator=gen).tolist()
-        ms.append(timed([StepInput(0, toks, depths, None if T == 1 else mask)]))
+        ms.append(timed([tree_step(T)]))
     for i in range(1, len(ms)):
         ms[i] = max(ms[i], ms[i - 1])
     base = StepCost(list(GRID), ms, 0.0, context)
@@ -149,9 +178,14 @@ def measure_step_cost(model, context: int = 256, reps: int = 3) -> StepCost:
         sids = fresh(b)
         t = timed([StepInput(s, [int(torch.randint(0, vocab, (1,), generator=gen))]) for s in sids])
         extra.append(max(0.0, (t - base.curve(b)) / (b - 1)))
+    long_ms = []
+    if long_context > context:
+        fresh(1, long_context)
+        long_ms = [timed([tree_step(T)]) for T in LONG_GRID]
     for s in runner.seq_ids:
         runner.free(s)
-    return StepCost(list(GRID), ms, statistics.median(extra), context)
+    return StepCost(list(GRID), ms, statistics.median(extra), context,
+                    long_context if long_ms else 0, list(LONG_GRID) if long_ms else [], long_ms)
 
 
 def random_tree(T: int, gen: torch.Generator) -> tuple[list[int], torch.Tensor]:

@@ -72,6 +72,24 @@ def test_max_depth_follows_the_cost_curve():
     assert Planner(linear_cost(10, 0), PlannerConfig(max_tokens=16, learn_overhead=False)).max_depth([0], PLD)[0] > 5
 
 
+def test_long_contexts_make_tokens_dearer():
+    """A cost that knows each sequence's committed length: a token of a step over a long
+    prefix costs more (attention), so the same chain is cut shorter there."""
+    def cost(tokens, contexts):
+        return 10 + sum(t * (0.1 + c / 1000) for t, c in zip(tokens, contexts))
+
+    plan = Planner(cost, FIXED)
+    # 0.2 ms a token: (1 + .4 + .16 + .064) / 10.8 beats 1.56 / 10.6 and 1.65 / 11.0
+    assert plan.max_depth([0], PLD, [100]) == [3] and plan.select([0], [chain(6)]) == [[0, 1, 2, 3]]
+    # 2 ms a token: 1.4 / 14 beats 1 / 12 and 1.56 / 16
+    assert plan.max_depth([0], PLD, [1900]) == [1] and plan.select([0], [chain(6)]) == [[0, 1]]
+    # one batch: the short sequence keeps its 3 nodes, the long one (4.1 ms a token) none; ranked
+    # by tokens per added ms, the long sequence's nodes come last and are cut
+    assert plan.max_depth([0, 1], PLD, [100, 4000]) == [3, 0]
+    assert plan.select([0, 1], [chain(6), chain(6)]) == [[0, 1, 2, 3], [0]]
+    assert Planner(linear_cost(10, 1), FIXED).max_depth([0], PLD, [5000]) == [2]  # a cost without lengths
+
+
 def test_optimism_tries_what_the_prior_rules_out():
     # a 2-token step costs 1.5x: a node at the prior .4 does not pay, its optimistic bound does
     cost = linear_cost(10, 10)

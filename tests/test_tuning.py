@@ -108,6 +108,26 @@ def test_step_cost_interpolates():
     assert c.relative(8) == 2.0
 
 
+def test_step_cost_grows_with_each_sequences_committed_length():
+    # at context 256: 10 ms + 1 per extra token; at 1024: 14 ms for one token, 30 for 16
+    c = StepCost([1, 16], [10.0, 25.0], 2.0, 256, 1024, [1, 16], [14.0, 30.0])
+    assert c([1]) == c([1], [256]) == 10.0  # no lengths, or the measured one: the curve
+    assert c([1], [1024]) == 14.0 and c([16], [1024]) == 30.0
+    assert c([1], [640]) == 12.0  # half-way: half the attention cost
+    assert c([16], [1792]) == 25.0 + 5.0 * 2  # past the long context: linear
+    assert c([1, 16], [1024, 256]) == c.curve(17) + 2.0 + 4.0
+    assert c([1], [0]) == 10.0 - 4.0 / 3  # shorter than measured: cheaper
+    assert StepCost([1, 16], [10.0, 25.0], 2.0, 256)([16], [4096]) == 25.0  # no long curve: no term
+
+
+def test_measured_step_cost_has_a_long_context_curve(tiny):
+    from models.cost import LONG_GRID, measure_step_cost
+
+    c = measure_step_cost(tiny, context=32, reps=1)
+    assert c.long_context == 128 and c.long_tokens == list(LONG_GRID) and len(c.long_ms) == len(LONG_GRID)
+    assert c([4], [128]) == pytest.approx(c._interp(c.long_tokens, c.long_ms, 4)) or c.attention_slope(4) == 0
+
+
 def test_step_cost_cache(tiny, tmp_path):
     fake_cost.calls = 0
     a = step_cost(tiny, tmp_path, measure=fake_cost)
