@@ -41,7 +41,7 @@ class PlannerConfig:
     window_rate: float = 0.15  # tokens a lookahead window column earns per step, before evidence
     window_weight: float = 50.0  # pseudo column-steps behind window_rate
     max_tokens: int = 128  # most step tokens per sequence
-    learn_overhead: bool = True  # add the host's per-step time (wall time - predicted forward)
+    learn_overhead: bool = True  # add the host's per-step time (wall time - predicted forward), a + b x tokens
 
     def __post_init__(self):
         if not 0.0 < self.prior < 1.0:
@@ -144,7 +144,9 @@ class Planner:
         self.seq_acc: dict[int, Acceptance] = {}
         self.window_credit = 0.0  # accepted tokens only the window's harvest proposed
         self.window_columns = 0  # window columns sent
-        self.overhead_ms = 0.0
+        self.overhead_ms = 0.0  # the host's time per step at the mean step size seen
+        self.overhead_per_token = 0.0  # and what each step token adds to it (trees cost host work)
+        self._ovh = [0.0] * 5  # decayed sums: weight, x, y, xx, xy (x = step tokens, y = wall - forward)
         # for the benchmark: totals over the steps (seq_steps = sequences x steps)
         self.log = dict(steps=0, seq_steps=0, step_tokens=0, expected_tokens=0.0, new_tokens=0,
                         predicted_ms=0.0, measured_ms=0.0, one_token_ms=0.0)
@@ -166,7 +168,13 @@ class Planner:
         return self.cost(tokens)
 
     def _time(self, tokens: list[int]) -> float:
-        return self._cost(tokens) + (self.overhead_ms if self.cfg.learn_overhead else 0.0)
+        if not self.cfg.learn_overhead:
+            return self._cost(tokens)
+        return self._cost(tokens) + max(0.0, self.overhead_ms + self.overhead_per_token * (sum(tokens) - self._mean_x))
+
+    @property
+    def _mean_x(self) -> float:
+        return self._ovh[1] / self._ovh[0] if self._ovh[0] > 0 else 0.0
 
     # ---- before proposing -------------------------------------------------------------------
     def max_depth(self, sids: list[int], sources: int, contexts: Optional[list[int]] = None) -> list[int]:
@@ -256,7 +264,14 @@ class Planner:
     def observe_time(self, step_tokens: list[int], wall_ms: float, new_tokens: int) -> None:
         """The whole step took ``wall_ms`` (propose to update) and gained ``new_tokens``."""
         predicted = self._cost(step_tokens)
-        self.overhead_ms = max(0.0, 0.9 * self.overhead_ms + 0.1 * (wall_ms - predicted))
+        # host time = a + b x step tokens, fitted by decayed least squares (recent steps count most)
+        x, y, o = float(sum(step_tokens)), wall_ms - predicted, self._ovh
+        for i, v in enumerate((1.0, x, y, x * x, x * y)):
+            o[i] = 0.9 * o[i] + v
+        mx, my = o[1] / o[0], o[2] / o[0]
+        var = o[3] / o[0] - mx * mx
+        self.overhead_per_token = max(0.0, (o[4] / o[0] - mx * my) / var) if var > 1.0 else 0.0
+        self.overhead_ms = max(0.0, my)
         log = self.log
         log["steps"] += 1
         log["seq_steps"] += len(step_tokens)

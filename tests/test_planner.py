@@ -139,6 +139,14 @@ def test_overhead_is_learned_from_wall_time():
         plan.observe_time([1], 31.0, 1)  # 11 ms predicted, 31 measured
     assert plan.overhead_ms == pytest.approx(20, abs=0.1)
     assert plan.log["steps"] == 100 and plan.log["predicted_ms"] == pytest.approx(1100)
+    assert plan.overhead_per_token == 0.0  # one step size: no slope to see
+    grows = Planner(linear_cost(10, 1), PlannerConfig())
+    for i in range(200):  # host time 5 + 0.5 ms per step token
+        n = 1 + i % 9
+        grows.observe_time([n], 10 + n + 5 + 0.5 * n, 1)
+    assert grows.overhead_per_token == pytest.approx(0.5, abs=1e-6)
+    assert grows._time([3]) == pytest.approx(13 + 5 + 1.5, abs=1e-6)
+    assert grows._time([9]) == pytest.approx(19 + 5 + 4.5, abs=1e-6)
 
 
 @pytest.mark.parametrize("bad, match", [(dict(prior=1.0), "prior"), (dict(decay=0), "decay"),
