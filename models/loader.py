@@ -44,9 +44,15 @@ def default_model_path() -> Path:
 
 
 def resolve_model_path(model: Optional[str]) -> Path:
-    """None / "smollm2" -> the embedded GGUF; otherwise a .gguf file or a Hugging Face folder."""
+    """None / "smollm2" -> the embedded GGUF; a name registered in models/fetch.py (fetched
+    with ``python -m models.fetch NAME``); otherwise a .gguf file or a Hugging Face folder."""
     if model is None or model == DEFAULT_MODEL:
         return default_model_path()
+    from models.fetch import REGISTRY, registered_path
+
+    fetched = registered_path(model)
+    if fetched is not None:
+        return fetched
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return path
@@ -56,7 +62,8 @@ def resolve_model_path(model: Optional[str]) -> Path:
         raise ValueError(f"model path {model!r} is a file but not a .gguf file")
     if path.is_dir():
         raise ValueError(f"model folder {model!r} has no config.json (expected a Hugging Face safetensors folder)")
-    raise ValueError(f"unknown model {model!r}: give {DEFAULT_MODEL!r}, a .gguf file or a Hugging Face folder")
+    raise ValueError(f"unknown model {model!r}: give {DEFAULT_MODEL!r}, a registered name "
+                     f"({', '.join(REGISTRY)}), a .gguf file or a Hugging Face folder")
 
 
 # ---- GGUF ---------------------------------------------------------------------------------
