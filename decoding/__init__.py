@@ -8,7 +8,7 @@ state (see decoding/proposer.py for the contract).
 """
 
 from decoding.compat import from_lookahead, from_transformers, from_vllm
-from decoding.draft import DraftModel, DraftModelConfig
+from decoding.draft import DraftModel, DraftModelConfig, DraftPLD
 from decoding.generate import GenerationResult, generate
 from decoding.hybrid import Hybrid, HybridConfig
 from decoding.jacobi import Jacobi, JacobiConfig
@@ -29,6 +29,6 @@ __all__ = [
     "Proposer", "SeqState", "Budget", "Context", "Outcome", "StepTree",
     "PromptLookup", "PromptLookupConfig", "Jacobi", "JacobiConfig", "Lookahead", "LookaheadPLD",
     "LookaheadConfig", "Recycle", "RecycleConfig", "Suffix", "SuffixConfig", "Hybrid", "HybridConfig",
-    "DraftModel", "DraftModelConfig", "Planner", "PlannerConfig", "TextGenerator", "TextResult",
+    "DraftModel", "DraftModelConfig", "DraftPLD", "Planner", "PlannerConfig", "TextGenerator", "TextResult",
     "from_transformers", "from_vllm", "from_lookahead",
 ]

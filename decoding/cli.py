@@ -36,8 +36,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             args.chat = _read_messages(args.messages)
         if args.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-        if args.method == "draft" and not args.draft_model:
-            raise ValueError("--method draft needs --draft-model (a smaller model with the same tokenizer)")
+        if args.method.startswith("draft") and not args.draft_model:
+            raise ValueError(f"--method {args.method} needs --draft-model (a smaller model with the same tokenizer)")
         check(args)
     except ValueError as e:
         p.error(str(e))

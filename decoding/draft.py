@@ -1,7 +1,9 @@
 """Speculative decoding with a small draft model sharing the target's tokenizer
 (Leviathan et al. 2023; Chen et al. 2023). The draft model runs k cheap autoregressive steps
 for the whole batch on its own paged cache; the target verifies the chain in one forward,
-greedily or with the min(1, p/q) rule under sampling."""
+greedily or with the min(1, p/q) rule under sampling. ``draft+pld`` (DraftPLD) merges prompt
+lookup's candidates into the same trie and verifies both in that one forward, exactly under
+sampling (decoding/verify.py: verify_mixed)."""
 
 from dataclasses import dataclass
 from typing import Optional
@@ -10,8 +12,9 @@ import torch
 
 from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
 from decoding.sampling import SamplingParams, probs_from_logits, sample
-from decoding.tree import DRAFT, StepTree
-from decoding.verify import verify_draft_model
+from decoding.prompt_lookup import PromptLookupConfig, lookup_candidates
+from decoding.tree import DRAFT, PLD, StepTree
+from decoding.verify import verify_draft_model, verify_mixed
 from models.llama import Transformer
 from models.runner import ModelRunner, StepInput
 
@@ -111,3 +114,45 @@ class DraftModel(Proposer[DraftState]):
     def end(self, state: SeqState) -> None:
         if self.runner is not None and self.runner.has_sequence(state.sid):
             self.runner.free(state.sid)
+
+
+class DraftPLD(DraftModel):
+    """The draft model's chain and up to ``pld.num_candidates`` prompt-lookup continuations in
+    one trie, verified in one forward. The draft cache keeps only what the accepted path
+    shares with the draft chain."""
+
+    name = "draft+pld"
+    sources = DRAFT | PLD
+
+    def __init__(self, draft: Transformer, cfg: Optional[DraftModelConfig] = None,
+                 pld: Optional[PromptLookupConfig] = None):
+        super().__init__(draft, cfg)
+        self.pld = pld or PromptLookupConfig(num_candidates=4)
+
+    def propose(self, states: list[DraftState], budgets: list[Budget], ctx: Context) -> list[StepTree]:
+        trees = super().propose(states, budgets, ctx)
+        todo = [i for i, b in enumerate(budgets) if b.max_depth > 0]
+        if todo:
+            found = lookup_candidates(ctx.backend, [states[i].tokens for i in todo], self.pld, ctx.device)
+            for i, chains in zip(todo, found):
+                for chain in chains:
+                    trees[i].add_chain(chain[:budgets[i].max_depth], PLD, budgets[i].max_nodes)
+        return trees
+
+    def verify(self, state, tree, logits, rows, sampling):
+        if sampling.greedy or len(tree) == 1:
+            return Proposer.verify(self, state, tree, logits, rows, sampling)
+        nodes = [n for n in rows if tree.candidate[n]]
+        probs = probs_from_logits(logits[[rows[n] for n in nodes]], sampling)
+        return verify_mixed(tree, dict(zip(nodes, probs)), state.q, state.generator)
+
+    def update(self, state: DraftState, outcome: Outcome) -> None:
+        on_chain = 0  # accepted nodes that are the draft chain's (its cache agrees that far)
+        for n in outcome.path[1:]:
+            if not outcome.tree.sources[n] & DRAFT:
+                break
+            on_chain += 1
+        keep = draft_cache_keep(state.cached, len(state.tokens), len(outcome.new_tokens), on_chain)
+        if keep < state.cached:
+            self.runner.truncate(state.sid, keep)
+            state.cached = keep

@@ -2,7 +2,7 @@
 
 from typing import Optional
 
-from decoding.draft import DraftModel, DraftModelConfig
+from decoding.draft import DraftModel, DraftModelConfig, DraftPLD
 from decoding.hybrid import Hybrid, HybridConfig
 from decoding.jacobi import Jacobi, JacobiConfig
 from decoding.lookahead import Lookahead, LookaheadConfig, LookaheadPLD
@@ -11,10 +11,10 @@ from decoding.proposer import Proposer
 from decoding.recycle import Recycle, RecycleConfig
 from decoding.suffix import Suffix, SuffixConfig
 
-METHODS = ("ar", "pld", "jacobi", "lookahead", "lookahead+pld", "recycle", "suffix", "hybrid", "draft")
+METHODS = ("ar", "pld", "jacobi", "lookahead", "lookahead+pld", "recycle", "suffix", "hybrid", "draft", "draft+pld")
 CONFIGS = {"pld": PromptLookupConfig, "jacobi": JacobiConfig, "lookahead": LookaheadConfig,
            "lookahead+pld": LookaheadConfig, "recycle": RecycleConfig, "suffix": SuffixConfig,
-           "hybrid": HybridConfig, "draft": DraftModelConfig}
+           "hybrid": HybridConfig, "draft": DraftModelConfig, "draft+pld": DraftModelConfig}
 
 
 def make_proposer(name: str, *, draft_model=None, config: Optional[object] = None) -> Proposer:
@@ -43,5 +43,5 @@ def make_proposer(name: str, *, draft_model=None, config: Optional[object] = Non
     if name == "hybrid":
         return Hybrid(config)
     if draft_model is None:
-        raise ValueError("method 'draft' needs a draft model (--draft-model): a small model sharing the tokenizer")
-    return DraftModel(draft_model, config)
+        raise ValueError(f"method {name!r} needs a draft model (--draft-model): a small model sharing the tokenizer")
+    return DraftPLD(draft_model, config) if name == "draft+pld" else DraftModel(draft_model, config)

@@ -85,6 +85,8 @@ def build_proposer(name: str, args: argparse.Namespace, draft_model=None):
 
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
+    if name.startswith("draft") and draft_model is None:
+        raise ValueError(f"--method {name} needs --draft-model (a smaller model with the same tokenizer)")
     max_n, k = args.pld_nk
     W, N, G = args.lookahead_wng
     if name == "pld":  # fixed draft length, one candidate: the reference's (and transformers') rule
@@ -95,6 +97,10 @@ def build_proposer(name: str, args: argparse.Namespace, draft_model=None):
         return make_proposer(name, config=HybridConfig(lookahead=la) if name == "hybrid" else la)
     if name == "draft":
         return make_proposer(name, draft_model=draft_model)
+    if name == "draft+pld":
+        from decoding.draft import DraftPLD
+        return DraftPLD(draft_model, pld=PromptLookupConfig(max_ngram=max_n, num_draft=k,
+                                                              num_candidates=args.pld_candidates))
     return make_proposer(name)
 
 

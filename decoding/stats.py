@@ -13,6 +13,7 @@ class SeqStats:
     accepted_hist: Counter = field(default_factory=Counter)  # tokens gained per step -> count
     proposed: Counter = field(default_factory=Counter)  # draft tokens sent per source branch
     accepted: Counter = field(default_factory=Counter)  # accepted draft tokens per source branch
+    accept_lengths: list = field(default_factory=list)  # tokens gained by each step, in order
 
     def record(self, outcome) -> None:
         """One step's ``decoding.proposer.Outcome``."""
@@ -28,8 +29,10 @@ class SeqStats:
                     if node in on_path:
                         self.accepted[name] += 1
         self.accepted_hist[len(outcome.new_tokens)] += 1
+        self.accept_lengths.append(len(outcome.new_tokens))
 
     def as_dict(self) -> dict:
         return {"forwards": self.forwards, "step_tokens": self.step_tokens,
                 "accepted_hist": dict(sorted(self.accepted_hist.items())),
-                "proposed": dict(self.proposed), "accepted": dict(self.accepted)}
+                "proposed": dict(self.proposed), "accepted": dict(self.accepted),
+                "accept_lengths": list(self.accept_lengths)}

@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from decoding.sampling import SamplingParams, probs_from_logits, sample
-from decoding.tree import StepTree
+from decoding.tree import DRAFT, StepTree
 
 
 def _uniform(generator: Optional[torch.Generator]) -> float:
@@ -87,3 +87,43 @@ def verify_draft_model(chain_tokens: list[int], p: torch.Tensor, q: torch.Tensor
             residual, total = p[i], p[i].sum()
         return i, sample(residual / total, generator)
     return len(chain_tokens), sample(p[len(chain_tokens)], generator)
+
+
+def verify_mixed(tree: StepTree, probs: dict[int, torch.Tensor], q: Optional[torch.Tensor],
+                 generator: Optional[torch.Generator]) -> tuple[list[int], int]:
+    """Sampling over a trie whose children carry their own proposals: the child drafted by a
+    draft model (source DRAFT; at depth d it was drawn from ``q[d - 1]``) and one-hot children
+    (prompt lookup and the like). At each node, recursive rejection: the draft child first,
+    accepted with min(1, p(x) / q(x)), else p <- max(p - q, 0); then each one-hot child x,
+    accepted with p(x), else p(x) <- 0; each time renormalised; the bonus token from what is
+    left. Every step keeps the target distribution, whatever the proposals (a one-hot child
+    equal to the draft child is merged into it: after a rejection the residual gives it no
+    mass, so nothing is lost)."""
+    node, path = 0, [0]
+    while True:
+        p = probs[node].clone()
+        kids = sorted(tree.candidate_children(node), key=lambda c: not tree.sources[c] & DRAFT)
+        chosen = None
+        for child in kids:
+            x, total = tree.tokens[child], float(p.sum())
+            if total <= 0:
+                break
+            if tree.sources[child] & DRAFT:
+                qd = q[tree.depths[child] - 1]
+                qx = float(qd[x])
+                if qx > 0 and _uniform(generator) < min(1.0, float(p[x]) / total / qx):
+                    chosen = child
+                    break
+                p = (p / total - qd).clamp_min(0)
+            else:
+                if _uniform(generator) < float(p[x]) / total:
+                    chosen = child
+                    break
+                p[x] = 0.0
+        if chosen is None:
+            total = p.sum()
+            if total <= 0:  # p == q exactly, or every token with mass was rejected: draw from p itself
+                p, total = probs[node], probs[node].sum()
+            return path, sample(p / total, generator)
+        path.append(chosen)
+        node = chosen

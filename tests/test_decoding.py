@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from decoding import (Budget, Context, DraftModel, DraftModelConfig, HybridConfig, JacobiConfig, LookaheadConfig,
+from decoding import (Budget, Context, DraftModel, DraftModelConfig, DraftPLD, HybridConfig, JacobiConfig, LookaheadConfig,
                       Proposer, PromptLookup, PromptLookupConfig, RecycleConfig, SamplingParams, SeqState,
                       SuffixConfig, generate, make_proposer)
 from decoding.methods import METHODS
@@ -18,6 +18,8 @@ SPEC = [m for m in METHODS if m != "ar"]
 
 
 def proposer(name, model, small=False):
+    if name == "draft+pld":  # the draft model's chain and prompt lookup in one trie
+        return DraftPLD(tiny_draft(model, 1) if small else model, DraftModelConfig(num_draft=4))
     if name == "draft":
         # the real model drafts for itself (every greedy draft is accepted: the acceptance
         # path is exercised); the tiny model gets a 1-layer truncation (mostly rejected)
@@ -158,14 +160,16 @@ def effective_tau(model, prop) -> float:
 
 @pytest.mark.parametrize("name", SPEC)
 def test_each_method_accepts_drafts_plain_decoding_cannot(tiny_torch, name):
-    prop = DraftModel(tiny_torch, DraftModelConfig(num_draft=4)) if name == "draft" else make_proposer(name)
+    prop = (DraftPLD if name == "draft+pld" else DraftModel)(tiny_torch, DraftModelConfig(num_draft=4)) \
+        if name.startswith("draft") else make_proposer(name)
     assert effective_tau(tiny_torch, prop) >= MIN_TAU
     assert effective_tau(tiny_torch, Proposer()) == 1.0
 
 
 @pytest.mark.parametrize("name", SPEC)
 def test_effectiveness_check_rejects_random_drafts(tiny_torch, name):
-    inner = DraftModel(tiny_torch, DraftModelConfig(num_draft=4)) if name == "draft" else make_proposer(name)
+    inner = (DraftPLD if name == "draft+pld" else DraftModel)(tiny_torch, DraftModelConfig(num_draft=4)) \
+        if name.startswith("draft") else make_proposer(name)
     assert effective_tau(tiny_torch, Scrambled(inner, tiny_torch.cfg.vocab_size)) < MIN_TAU
 
 

@@ -12,7 +12,7 @@ import itertools
 import pytest
 import torch
 
-from decoding.draft import DraftModel, DraftModelConfig
+from decoding.draft import DraftModel, DraftModelConfig, DraftPLD
 from decoding.generate import generate
 from decoding.jacobi import JacobiConfig
 from decoding.hybrid import HybridConfig
@@ -97,6 +97,8 @@ SETTINGS = {
 def method(name, target):
     if name == "draft":
         return DraftModel(peaky_model(12), DraftModelConfig(num_draft=3))
+    if name == "draft+pld":  # mixed proposals in one trie: the draft chain (q) and one-hot PLD chains
+        return DraftPLD(peaky_model(12), DraftModelConfig(num_draft=3), PromptLookupConfig(num_candidates=2))
     if name.startswith("lookahead"):
         return make_proposer(name, config=LookaheadConfig(**SMALL_LA))
     if name == "hybrid":
@@ -110,7 +112,7 @@ def method(name, target):
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("name", ["ar", "pld", "jacobi", "lookahead", "lookahead+pld", "recycle", "suffix", "hybrid",
-                                  "draft", "planned"])
+                                  "draft", "draft+pld", "planned"])
 def test_joint_of_first_three_tokens_matches_target(target, name, setting):
     sp = SETTINGS[setting]
     exact = exact_joint(target, sp)
