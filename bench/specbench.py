@@ -45,7 +45,11 @@ def load_questions(path: str | Path) -> list[dict]:
     the field."""
     path = Path(path)
     out, seen = [], {}
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
+    for lineno, raw in enumerate(path.read_bytes().split(b"\n"), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            _fail(path, lineno, f"not valid UTF-8 ({e.reason})")
         if lineno == 1:
             line = line.lstrip("\ufeff")
         if not line.strip():
