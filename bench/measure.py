@@ -146,11 +146,6 @@ def measure(call: Callable[[TokenClock], tuple[list[dict], dict]], n: int, repea
     return Measured(outputs, secs, ttft, max(p for p, _ in peaks), max(d for _, d in peaks), extra)
 
 
-def spread(values: list[float]) -> dict:
-    """Median, min and max of repeated measurements."""
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def env_cpu_name() -> str:
     import platform
     return (f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
