@@ -1,6 +1,7 @@
 """Summaries of benchmark records: the methods x tasks table (Markdown) and a chart (PNG)."""
 
-from collections import defaultdict
+import statistics
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Optional
 
@@ -18,19 +19,34 @@ def summarize(records: list[dict]) -> dict[tuple[str, str], dict]:
         secs = sum(r["time_s"] for r in rs)
         fwd = sum(r["forwards"] for r in rs)
         same = [r["identical_to_ar"] for r in rs if r.get("identical_to_ar") is not None]
+        runs = _tok_s_runs(rs, new)
+        ttft = [r["ttft_s"] for r in rs if r.get("ttft_s") is not None]
+        peaks = [r for r in rs if r.get("peak_mem_mib") is not None]
         out[(method, task)] = {
             "prompts": len(rs), "new_tokens": new, "time_s": secs, "forwards": fwd,
-            "tok_s": new / secs if secs > 0 else float("nan"),
+            # tokens/s: the median over repeats of (new tokens / time of all the group's prompts)
+            "tok_s": statistics.median(runs), "tok_s_min": min(runs), "tok_s_max": max(runs), "repeats": len(runs),
             # tau: new tokens per forward, pooled over the prompts (each record holds its own)
             "tau": new / max(fwd, 1),
             "mean_step_tokens": (sum(r["step_tokens"] for r in rs) / fwd)
             if fwd and all(r.get("step_tokens") is not None for r in rs) else float("nan"),
             "identical": (sum(same) / len(same)) if same else None,
+            "ttft_s": statistics.median(ttft) if ttft else None,
+            "peak_mem_mib": max(r["peak_mem_mib"] for r in peaks) if peaks else None,
+            "peak_mem_rise_mib": max(r["peak_mem_rise_mib"] for r in peaks) if peaks else None,
         }
     for (method, task), s in out.items():
         base = out.get(("ar", task))
         s["speedup"] = s["tok_s"] / base["tok_s"] if base and base["tok_s"] > 0 else float("nan")
     return out
+
+
+def _tok_s_runs(rs: list[dict], new: int) -> list[float]:
+    """Tokens/s of the group in each repeat (records without ``time_s_runs`` ran once)."""
+    times = [r.get("time_s_runs") or [r["time_s"]] for r in rs]
+    n = min(len(t) for t in times)
+    totals = [sum(t[i] for t in times) for i in range(n)]
+    return [new / t if t > 0 else float("nan") for t in totals]
 
 
 def _fmt(x, spec=".2f") -> str:
@@ -47,20 +63,28 @@ def markdown(records: list[dict], header: dict, methods: list[str], tasks: list[
     for k, v in header.items():
         if not isinstance(v, (dict, list)) or k == "skipped":  # machine-readable entries stay in the JSON
             lines.append(f"- **{k}**: {v}")
-    lines += ["", "Speedup: tokens/s over our autoregressive decoding with the same kernels, same run. "
-              "tau: new tokens per forward after prefill. identical: share of greedy outputs equal to "
-              "autoregressive.", ""]
+    lines += ["", "tokens/s: median over the repeats (each repeat: new tokens / wall time of the group's prompts); "
+              "min-max: the range over the repeats. Speedup: median tokens/s over our autoregressive decoding with "
+              "the same kernels, same run. tau: new tokens per forward after prefill. TTFT: median time to first "
+              "token (prefill of the batch + first token). peak memory: see the header's memory line. identical: "
+              "share of greedy outputs equal to autoregressive (n/a when sampling).", ""]
     cols = tasks + (["all"] if len(tasks) > 1 else [])
-    lines += ["| method | task | prompts | new tokens | forwards | tokens/s | speedup | tau | query tokens/forward "
-              "| identical |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["| method | task | prompts | new tokens | forwards | tokens/s | min-max | speedup | tau "
+              "| query tokens/forward | TTFT ms | peak MiB (+run) | identical |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for t in cols:
         for m in methods:
             x = s.get((m, t))
             if x is None:
                 continue
+            rng = f"{_fmt(x['tok_s_min'], '.1f')}-{_fmt(x['tok_s_max'], '.1f')}" if x["repeats"] > 1 else "-"
+            mem = "-" if x["peak_mem_mib"] is None else \
+                f"{x['peak_mem_mib']:.0f} (+{x['peak_mem_rise_mib']:.0f})"
+            ttft = None if x["ttft_s"] is None else x["ttft_s"] * 1e3
+            ident = "n/a" if x["identical"] is None else _fmt(x["identical"], ".0%")
             lines.append(f"| {m} | {t} | {x['prompts']} | {x['new_tokens']} | {x['forwards']} | {_fmt(x['tok_s'], '.1f')} "
-                         f"| {_fmt(x['speedup'])} | {_fmt(x['tau'])} | {_fmt(x['mean_step_tokens'], '.1f')} "
-                         f"| {_fmt(x['identical'], '.0%')} |")
+                         f"| {rng} | {_fmt(x['speedup'])} | {_fmt(x['tau'])} | {_fmt(x['mean_step_tokens'], '.1f')} "
+                         f"| {_fmt(ttft, '.0f')} | {mem} | {ident} |")
     lines.append("")
     for metric, title in (("speedup", "speedup over ar"), ("tau", "tau (new tokens per forward)")):
         lines += [f"### {title}", "", "| method | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
@@ -161,8 +185,45 @@ def chart(records: list[dict], methods: list[str], tasks: list[str], path: Path,
     return path
 
 
+def accept_chart(records: list[dict], methods: list[str], path: Path, title: str = "",
+                 cap: int = 16) -> Optional[Path]:
+    """Per method, the share of its steps (forwards after the prompt's) that gained 1, 2, 3, ...
+    tokens (``accept_lengths`` of the records; ``cap``+ pooled). Methods that always gain one
+    token (ar, hf) are left out when others are shown. None when no record has step data."""
+    counts = {m: Counter(min(n, cap) for r in records if r["method"] == m for n in r.get("accept_lengths") or [])
+              for m in methods}
+    counts = {m: c for m, c in counts.items() if c}
+    if not counts:
+        return None
+    shown = [m for m, c in counts.items() if set(c) != {1}] or list(counts)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    top = max(max(counts[m]) for m in shown)
+    xs = list(range(1, top + 1))
+    width = 0.8 / len(shown)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(xs) * max(1, len(shown) / 2)), 4.0))
+    for i, m in enumerate(shown):
+        total = sum(counts[m].values())
+        ax.bar([x + (i - (len(shown) - 1) / 2) * width for x in xs], [counts[m][x] / total for x in xs], width,
+               label=f"{m} ({total} steps, mean {sum(k * v for k, v in counts[m].items()) / total:.2f})")
+    ax.set_xticks(xs)
+    ax.set_xticklabels([str(x) if x < cap else f"{cap}+" for x in xs])
+    ax.set_xlabel("tokens gained in a step (accepted draft tokens + 1)")
+    ax.set_ylabel("share of steps")
+    ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv=None) -> None:
-    """Re-render results.md and chart.png from a results.json (e.g. after changing the report)."""
+    """Re-render results.md, chart.png and accept_hist.png from a results.json (e.g. after
+    changing the report)."""
     import argparse
     import json
 
@@ -177,6 +238,7 @@ def main(argv=None) -> None:
     (args.results.parent / "results.md").write_text(md)
     chart(records, methods, tasks, args.results.parent / "chart.png",
           f"{head.get('model', '')} | {head.get('device', '')} | {head.get('dtype', '')}", head.get("step_cost_curve"))
+    accept_chart(records, methods, args.results.parent / "accept_hist.png", head.get("model", ""))
     print(md)
 
 

@@ -17,7 +17,9 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 def add_model_flags(p: argparse.ArgumentParser) -> None:
     gpu = torch.cuda.is_available()
     p.add_argument("--model", default="smollm2", help="'smollm2' (the embedded default), a .gguf file or an HF folder")
-    p.add_argument("--draft-model", default=None, help="draft model for the 'draft' method (shares the tokenizer)")
+    p.add_argument("--draft-model", default=None,
+                   help="draft model for the 'draft' and 'draft+pld' methods (and transformers' assisted generation "
+                        "in the benchmark): a smaller model with the same tokenizer")
     p.add_argument("--kernel", choices=("triton", "torch"), default=None,
                    help="kernel backend (default: triton on a GPU, torch on a CPU)")
     p.add_argument("--device", default="cuda" if gpu else "cpu", help="cpu, cuda or cuda:N (default: cuda if present)")

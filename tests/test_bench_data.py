@@ -176,3 +176,59 @@ def test_load_suite_filters():
         load_suite(split="train")
     with pytest.raises(ValueError, match="limit"):
         load_suite(limit=-1)
+
+
+# ----------------------------------------------------------------------------- Spec-Bench question files
+
+Q = {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Make it shorter."]}
+
+
+def test_specbench_questions_load_and_are_told_from_prompt_files(tmp_path):
+    from bench.specbench import is_question_file, load_questions
+
+    p = write(tmp_path, [Q, "", {"question_id": "rag-7", "category": "rag", "turns": ["Answer."], "reference": "x"}],
+              name="question.jsonl")
+    assert is_question_file(p)
+    assert load_questions(p) == [
+        {"id": "81", "question_id": 81, "task": "writing", "turns": ["Write a poem.", "Make it shorter."]},
+        {"id": "rag-7", "question_id": "rag-7", "task": "rag", "turns": ["Answer."]}]
+    assert not is_question_file(write(tmp_path, [GOOD]))
+    assert not is_question_file(write(tmp_path, ["{not json"], name="broken.jsonl"))
+
+
+SPEC_BAD = [
+    ({"category": "qa", "turns": ["a"]}, "missing field 'question_id'"),
+    ({"question_id": 2, "turns": ["a"]}, "missing field 'category'"),
+    ({"question_id": 2, "category": "qa"}, "missing field 'turns'"),
+    ({"question_id": 2, "category": "qa", "turns": "a"}, "'turns' must be a list of strings, not str"),
+    ({"question_id": 2, "category": "qa", "turns": []}, "empty 'turns' list"),
+    ({"question_id": 2, "category": "qa", "turns": ["a", 3]}, "turns[1] must be a string, not int"),
+    ({"question_id": 2, "category": "qa", "turns": ["a", " "]}, "empty turns[1]"),
+    ({"question_id": 2, "category": "", "turns": ["a"]}, "empty 'category'"),
+    ({"question_id": True, "category": "qa", "turns": ["a"]}, "'question_id' must be an int or a non-empty string"),
+    ({"question_id": 81, "category": "qa", "turns": ["a"]}, "duplicate question_id 81 (first on line 1)"),
+    ("[1, 2]", "expected a JSON object, got list"),
+    ('{"question_id": 2,', "invalid JSON"),
+]
+
+
+@pytest.mark.parametrize("bad,expected", SPEC_BAD, ids=[e for _, e in SPEC_BAD])
+def test_malformed_specbench_line_names_line_and_field(tmp_path, bad, expected):
+    from bench.specbench import load_questions
+
+    p = write(tmp_path, [Q, "", bad], name="question.jsonl")
+    with pytest.raises(ValueError) as info:
+        load_questions(p)
+    msg = str(info.value)
+    assert str(p) in msg and "line 3:" in msg and expected in msg, msg
+
+
+def test_specbench_empty_file_and_bad_utf8(tmp_path):
+    from bench.specbench import load_questions
+
+    with pytest.raises(ValueError, match="empty file"):
+        load_questions(write(tmp_path, [""], name="empty.jsonl"))
+    p = tmp_path / "bad.jsonl"
+    p.write_bytes(json.dumps(Q).encode() + b'\n{"question_id": 2, "category": "\xff", "turns": ["a"]}\n')
+    with pytest.raises(ValueError, match=r"line 2: not valid UTF-8"):
+        load_questions(p)

@@ -1,10 +1,14 @@
-"""bench/run.py end to end on a user's prompt file: every method's records, transformers beside
-them, results.json / results.md / chart.png, and a malformed file rejected with its line."""
+"""bench/run.py end to end on a user's prompt file and on a Spec-Bench question file: every
+method's records, transformers beside them, results.json / results.md / chart.png /
+accept_hist.png / answers files, repeats, and malformed files rejected with their line."""
 
 import json
+import statistics
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -71,3 +75,187 @@ def test_report_tau_ratio_to_hf_pld_is_a_mean_over_tasks():
     md = markdown(records, {}, ["ar", "pld", "hf-pld"], ["a", "b"])
     # per task 2/2 = 1.00 and 6/3 = 2.00; the mean over tasks 1.50 (not the pooled 4 / 2.67)
     assert "| pld | 1.00 | 2.00 | 1.50 |" in md
+
+
+# ----------------------------------------------------------------------------- Spec-Bench files, repeats, answers
+
+QUESTIONS = [
+    {"question_id": 81, "category": "writing",
+     "turns": ["Write one sentence about Hawaii.", "Now rewrite your sentence so that it starts with 'Aloha'."]},
+    {"question_id": "qa-1", "category": "qa", "reference": ["black"],
+     "turns": ["Read: The cat sat on the mat. The cat is black. Question: What colour is the cat?"]},
+]
+
+
+@pytest.fixture(scope="module")
+def specbench_run(tmp_path_factory):
+    """One small run on a Spec-Bench question file (a 2-turn and a 1-turn question), two
+    repeats; shared by the tests below."""
+    from bench.run import main
+
+    d = tmp_path_factory.mktemp("specbench")
+    q = d / "question.jsonl"
+    q.write_text("".join(json.dumps(x) + "\n" for x in QUESTIONS))
+    out = d / "out"
+    assert main(["--prompts", str(q), "--methods", "pld", "--max-new-tokens", "8", "--repeats", "2",
+                 "--out", str(out)]) == 0
+    return out, json.loads((out / "results.json").read_text())
+
+
+def _chat_ids(tok, messages):
+    return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+
+
+def test_specbench_two_turns_each_after_its_own_answer(specbench_run, smol):
+    out, data = specbench_run
+    _, tok = smol
+    recs = {(r["conversation"], r["turn"], r["method"]): r for r in data["records"]}
+    assert sorted(recs) == sorted((c, t, m) for c, t in (("81", 1), ("81", 2), ("qa-1", 1)) for m in ("ar", "pld"))
+    assert {r["task"] for r in data["records"]} == {"writing", "qa"}  # category -> task
+    for m in ("ar", "pld"):
+        first, second = recs[("81", 1, m)], recs[("81", 2, m)]
+        assert second["id"] == "81-turn2" and second["question_id"] == 81
+        turns = QUESTIONS[0]["turns"]
+        assert second["messages"] == [{"role": "user", "content": turns[0]},
+                                      {"role": "assistant", "content": first["text"]},
+                                      {"role": "user", "content": turns[1]}]
+        # the prompt the model got is those messages, chat-formatted
+        assert second["prompt_tokens"] == len(_chat_ids(tok, second["messages"]))
+        assert first["prompt_tokens"] == len(_chat_ids(tok, second["messages"][:1]))
+
+
+def test_specbench_answers_files(specbench_run):
+    out, data = specbench_run
+    for m in ("ar", "pld"):
+        lines = [json.loads(x) for x in (out / f"answers_{m}.jsonl").read_text().splitlines()]
+        assert [a["question_id"] for a in sorted(lines, key=lambda a: str(a["question_id"]))] == [81, "qa-1"]
+        for a in lines:
+            assert {"question_id", "category", "answer_id", "model_id", "choices", "tstamp"} <= set(a)
+            assert a["model_id"] == f"smollm2-{m}" and a["tstamp"] > 0
+            recs = sorted((r for r in data["records"] if r["method"] == m and r["question_id"] == a["question_id"]),
+                          key=lambda r: r["turn"])
+            assert a["category"] == recs[0]["task"]
+            (c,) = a["choices"]
+            assert c["index"] == 0 and c["turns"] == [r["text"] for r in recs]
+            assert c["new_tokens"] == [r["new_tokens"] for r in recs]
+            assert c["wall_time"] == [r["time_s"] for r in recs] and all(t > 0 for t in c["wall_time"])
+            assert c["decoding_steps"] == [r["forwards"] for r in recs]
+            # every turn's steps, concatenated; each turn's first token came from its prefill
+            assert c["accept_lengths"] == [n for r in recs for n in r["accept_lengths"]]
+            assert sum(c["accept_lengths"]) == sum(r["new_tokens"] - 1 for r in recs)
+        assert len(next(a for a in lines if a["question_id"] == 81)["choices"][0]["turns"]) == 2
+
+
+def test_repeats_give_median_and_spread(specbench_run):
+    out, data = specbench_run
+    assert data["header"]["repeats"].startswith("2 ")
+    for r in data["records"]:
+        assert r["repeats"] == 2 and len(r["time_s_runs"]) == 2 and len(r["tok_s_runs"]) == 2
+        assert r["tok_s"] == pytest.approx(statistics.median(r["tok_s_runs"]))
+        assert r["tok_s_min"] == min(r["tok_s_runs"]) and r["tok_s_max"] == max(r["tok_s_runs"])
+        assert r["time_s"] == pytest.approx(statistics.median(r["time_s_runs"]))
+    md = (out / "results.md").read_text()
+    assert "| tokens/s | min-max |" in md
+    row = next(line for line in md.splitlines() if line.startswith("| pld | all |"))
+    lo, hi = (float(x) for x in row.split("|")[7].strip().split("-"))
+    assert 0 < lo <= hi
+
+
+def test_results_hold_text_ttft_memory_and_step_sizes(specbench_run, smol):
+    out, data = specbench_run
+    _, tok = smol
+    eos = set(smol[0].cfg.eos_token_ids)
+    assert "VmHWM" in data["header"]["memory"] or "max_memory_allocated" in data["header"]["memory"] \
+        or "ru_maxrss" in data["header"]["memory"]
+    for r in data["records"]:
+        ids = r["output_ids"]
+        assert r["text"] == tok.decode([t for t in ids if t not in eos], skip_special_tokens=True)
+        assert r["text"] and not any(t in eos for t in ids[:-1])
+        assert 0 < r["ttft_s"] < max(r["time_s_runs"])  # batch 1: time_s is the whole call
+        assert r["peak_mem_mib"] > 100 and 0 <= r["peak_mem_rise_mib"] <= r["peak_mem_mib"]
+        assert len(r["accept_lengths"]) == r["forwards"]
+        assert {str(k): v for k, v in Counter(r["accept_lengths"]).items()} == r["stats"]["accepted_hist"]
+    md = (out / "results.md").read_text()
+    assert "| TTFT ms | peak MiB (+run) |" in md
+    assert (out / "accept_hist.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_malformed_specbench_record_rejected_with_line_and_field(tmp_path):
+    bad = tmp_path / "question.jsonl"
+    bad.write_text(json.dumps(QUESTIONS[0]) + "\n" + json.dumps({"question_id": 2, "category": "qa", "turns": "hi"})
+                   + "\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--prompts", str(bad),
+                           "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "line 2" in proc.stderr and "'turns'" in proc.stderr and "error:" in proc.stderr, proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_next_turn_sees_each_methods_own_answer():
+    """Under sampling the methods answer differently: each one's next turn carries its own
+    answer (checked on the loop alone, with stand-in models)."""
+    from bench.loop import Bench
+    from bench.measure import Measured
+
+    asked = []
+
+    def timed(name, prompts, max_new, repeats):
+        asked.append((name, prompts))
+        return [(Measured([{"output_ids": [ord(c) for c in name.upper()], "forwards": 1, "stats": None,
+                            "step_tokens": None, "finish_reason": "length", "accept_lengths": []}],
+                          [1.0], [0.1], 1.0, 0.0), 0) for _ in prompts]
+
+    b = Bench.__new__(Bench)
+    b.args = SimpleNamespace(max_new_tokens=4, batch_size=1, repeats=1)
+    b.methods, b.hf_methods, b.skipped, b.sp = ["ar", "pld"], set(), [], SimpleNamespace(greedy=False)
+    b.model = SimpleNamespace(cfg=SimpleNamespace(max_position_embeddings=10_000))
+    b.encode = lambda msgs: [ord(c) for c in json.dumps(msgs)]
+    b.text = lambda ids: "".join(map(chr, ids))
+    b.timed = timed
+    recs = b.run([{"id": "q", "question_id": 1, "task": "chat", "messages": [{"role": "user", "content": "one"}],
+                   "next_turns": ["two", "three"]}])
+    assert [(r["method"], r["turn"]) for r in recs] == [("ar", 1), ("pld", 1), ("ar", 2), ("pld", 2), ("ar", 3),
+                                                         ("pld", 3)]
+    last = {r["method"]: r["messages"] for r in recs if r["turn"] == 3}
+    for m in ("ar", "pld"):
+        assert [x["content"] for x in last[m]] == ["one", m.upper(), "two", m.upper(), "three"]
+    assert ("pld", [b.encode(last["pld"])]) in asked and ("ar", [b.encode(last["ar"])]) in asked
+    assert all(r["identical_to_ar"] is None for r in recs)
+
+
+def test_sampled_runs_say_n_a_for_identical():
+    from bench.report import markdown
+
+    recs = [{"method": m, "task": "a", "new_tokens": 4, "forwards": 4, "time_s": 1.0, "identical_to_ar": None,
+             "step_tokens": None} for m in ("ar", "pld")]
+    md = markdown(recs, {}, ["ar", "pld"], ["a"])
+    rows = [line for line in md.splitlines() if line.startswith(("| ar | a |", "| pld | a |"))]
+    assert len(rows) == 2 and all(line.endswith("| n/a |") for line in rows)
+
+
+# ----------------------------------------------------------------------------- transformers baselines
+
+
+def test_hf_generate_takes_the_sampling_and_pld_knobs_and_an_assistant(monkeypatch):
+    from bench.hf_compare import hf_generate
+    from decoding.sampling import SamplingParams
+    from tests.helpers import tiny_hf_model
+
+    model = tiny_hf_model()
+    prompt = [5, 6, 7, 8, 5, 6, 7]
+    greedy = hf_generate(model, prompt, "hf", 8, ())
+    steps = []
+    assisted = hf_generate(model, prompt, "hf-assisted", 8, (), assistant=tiny_hf_model(),
+                           on_tokens=lambda i, t: steps.append(t))
+    assert assisted["output_ids"] == greedy["output_ids"]  # greedy assisted generation is lossless
+    assert [t for s in steps for t in s] == assisted["output_ids"] and assisted["forwards"] < greedy["forwards"]
+    sp = SamplingParams(temperature=1.0, top_k=20, top_p=0.9, seed=3)
+    a, b = (hf_generate(model, prompt, "hf", 8, (), sampling=sp)["output_ids"] for _ in range(2))
+    c = hf_generate(model, prompt, "hf", 8, (), sampling=SamplingParams(temperature=1.0, seed=4))["output_ids"]
+    assert a == b and a != c  # the seed is honoured
+    seen = {}
+    real = model.generate
+    monkeypatch.setattr(model, "generate", lambda ids, **kw: (seen.update(kw), real(ids, **kw))[1])
+    hf_generate(model, prompt, "hf-pld", 4, (), sampling=sp, pld=(2, 5))
+    assert (seen["prompt_lookup_num_tokens"], seen["max_matching_ngram_size"]) == (5, 2)
+    assert (seen["do_sample"], seen["temperature"], seen["top_k"], seen["top_p"]) == (True, 1.0, 20, 0.9)

@@ -1,0 +1,174 @@
+"""bench/run.py's measuring loop: the models, the warm-up, every method on every batch of
+prompts (each conversation turn asked after the method's own previous answer) and one
+results.json record per prompt turn and method."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from typing import Optional
+
+from bench.measure import Measured, PeakMemory, measure
+
+
+class Bench:
+    """Loads the target (and draft, and transformers' models with --compare-hf) and measures
+    the step cost on construction; :meth:`run` measures every method on the records."""
+
+    def __init__(self, args, memory: PeakMemory):
+        from bench.hf_compare import HF_ASSISTED, HF_METHODS, load_hf_model
+        from decoding.options import DTYPES, sampling_of
+        from kernels.backend import get_backend
+        from models.cost import step_cost
+        from models.loader import DEFAULT_CACHE_DIR, load_model, resolve_model_path
+
+        self.args, self.memory = args, memory
+        backend, dtype = get_backend(args.kernel, args.device), DTYPES[args.dtype]
+        self.model, self.tok = load_model(args.model, backend, dtype, args.device)
+        cfg = self.model.cfg
+        self.model_line = f"{args.model} ({cfg.architecture}, {cfg.num_layers} layers, hidden {cfg.hidden_size})"
+        print(f"loaded: {self.model_line}", flush=True)
+        self.draft = load_model(args.draft_model, backend, dtype, args.device)[0] if any(m.startswith("draft") for m in args.methods) else None
+        self.eos = tuple(cfg.eos_token_ids)
+        self.sp = sampling_of(args)
+        self.methods = list(args.methods)
+        self.hf = self.hf_draft = None
+        if args.compare_hf:
+            self.hf = load_hf_model(resolve_model_path(args.model), dtype, args.device)
+            self.methods += list(HF_METHODS)
+            if args.draft_model:
+                self.hf_draft = load_hf_model(resolve_model_path(args.draft_model), dtype, args.device)
+                self.methods.append(HF_ASSISTED)
+        self.hf_methods = set(HF_METHODS) | {HF_ASSISTED}
+        self.cost = None if args.no_plan else step_cost(self.model, DEFAULT_CACHE_DIR)
+        self.skipped: list[str] = []
+        self._encoded: dict[str, list[int]] = {}
+
+    def encode(self, messages: list[dict]) -> list[int]:
+        key = json.dumps(messages)
+        if key not in self._encoded:
+            self._encoded[key] = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                              return_dict=False)
+        return self._encoded[key]
+
+    def text(self, ids: list[int]) -> str:
+        """The decoded output, a final EOS left out."""
+        return self.tok.decode(ids[:-1] if ids and ids[-1] in self.eos else ids, skip_special_tokens=True)
+
+    def timed(self, name: str, prompts: list[list[int]], max_new: int, repeats: int) -> list[tuple[Measured, int]]:
+        """``name`` on the prompts, ``repeats`` times; per prompt its measurement and its index
+        in it (ours decode the prompts as one batch, transformers one by one)."""
+        from bench.hf_compare import hf_generate
+        from decoding.generate import generate
+        from decoding.options import build_proposer
+        from decoding.planner import Planner
+
+        if name in self.hf_methods:
+            def one(p):
+                def call(clock):
+                    h = hf_generate(self.hf, p, name, max_new, self.eos, sampling=self.sp, pld=self.args.pld_nk,
+                                    assistant=self.hf_draft, on_tokens=clock)
+                    return [{"output_ids": h["output_ids"], "forwards": h["forwards"], "stats": None,
+                             "step_tokens": None, "finish_reason": h["finish_reason"]}], {"plan": None}
+                return measure(call, 1, repeats, self.memory)
+            return [(one(p), 0) for p in prompts]
+
+        def call(clock):
+            plan = Planner(self.cost) if self.cost is not None and name != "ar" else None
+            res = generate(self.model, prompts, build_proposer(name, self.args, self.draft), max_new_tokens=max_new,
+                           sampling=self.sp, planner=plan, on_tokens=clock)
+            return ([{"output_ids": x.output_ids, "forwards": x.stats.forwards, "stats": x.stats.as_dict(),
+                      "step_tokens": x.stats.step_tokens, "finish_reason": x.finish_reason} for x in res],
+                    {"plan": plan.log if plan is not None else None})
+        m = measure(call, len(prompts), repeats, self.memory)
+        return [(m, i) for i in range(len(prompts))]
+
+    def _too_long(self, conv: dict) -> Optional[str]:
+        n = max(len(self.encode(msgs)) for msgs in conv["msgs"].values())
+        ctx = self.model.cfg.max_position_embeddings
+        if n + self.args.max_new_tokens <= ctx:
+            return None
+        return (f"record {conv['rec']['id']} ({conv['rec']['task']}, turn {conv['turn']}): prompt of {n} tokens "
+                f"+ --max-new-tokens {self.args.max_new_tokens} exceeds the model context of {ctx} tokens; skipped")
+
+    def run(self, records: list[dict]) -> list[dict]:
+        from tqdm import tqdm
+
+        args = self.args
+        todo = [{"rec": r, "turn": 1, "msgs": {m: r["messages"] for m in self.methods}} for r in records]
+        # warm-up, every method: first calls pay for allocation (and on a GPU compilation)
+        fitting = [c for c in todo if self._too_long(c) is None]
+        if fitting:
+            shortest = min(fitting, key=lambda c: len(self.encode(c["rec"]["messages"])))
+            for name in self.methods:
+                self.timed(name, [self.encode(shortest["rec"]["messages"])], 4, 1)
+        results = []
+        bar = tqdm(total=sum(1 + len(r["next_turns"]) for r in records), desc="prompt turns")
+        while todo:
+            # batches of prompts of one task; the next turns of conversations come back as new items
+            by_task: dict[str, list] = {}
+            for c in todo:
+                by_task.setdefault(c["rec"]["task"], []).append(c)
+            todo = []
+            for convs in by_task.values():
+                fit = []
+                for c in convs:
+                    msg = self._too_long(c)
+                    if msg is None:
+                        fit.append(c)
+                        continue
+                    print(f"error: {msg}", file=sys.stderr)  # reported by record; the others go on
+                    self.skipped.append(msg)
+                    bar.update(1 + len(c["rec"]["next_turns"]) - (c["turn"] - 1))
+                for i in range(0, len(fit), args.batch_size):
+                    batch = fit[i:i + args.batch_size]
+                    answers = {}
+                    ar_out = None
+                    for name in self.methods:  # methods back to back on the same batch
+                        prompts = [self.encode(c["msgs"][name]) for c in batch]
+                        got = self.timed(name, prompts, args.max_new_tokens, args.repeats)
+                        if name == "ar":
+                            ar_out = [m.outputs[j]["output_ids"] for m, j in got]
+                        for c, p, (m, j), ref in zip(batch, prompts, got, ar_out):
+                            results.append(self._record(c, name, p, m, j, ref))
+                            answers[(id(c), name)] = results[-1]["text"]
+                    for c in batch:  # the next turn sees the method's own answer
+                        nxt = c["rec"]["next_turns"]
+                        if c["turn"] <= len(nxt):
+                            todo.append({"rec": c["rec"], "turn": c["turn"] + 1, "msgs": {
+                                name: msgs + [{"role": "assistant", "content": answers[(id(c), name)]},
+                                              {"role": "user", "content": nxt[c["turn"] - 1]}]
+                                for name, msgs in c["msgs"].items()}})
+                    bar.update(len(batch))
+        bar.close()
+        return results
+
+    def _record(self, conv: dict, method: str, prompt: list[int], m: Measured, j: int,
+                ar_ids: list[int]) -> dict:
+        """One results.json record. A batch shares its wall time: time_s is this sequence's
+        share of the batch's (median over repeats), tok_s the batch's; ``plan`` is the batch's
+        step-planner log (first repeat)."""
+        o = m.outputs[j]
+        ids = o["output_ids"]
+        batch_new = sum(len(x["output_ids"]) for x in m.outputs)
+        shares = [s * len(ids) / max(batch_new, 1) for s in m.secs]
+        rates = [batch_new / s if s > 0 else float("nan") for s in m.secs]
+        rec, turn = conv["rec"], conv["turn"]
+        out = {
+            "id": rec["id"] if turn == 1 else f"{rec['id']}-turn{turn}",
+            "conversation": rec["id"], "question_id": rec["question_id"], "turn": turn,
+            "task": rec["task"], "method": method, "prompt_tokens": len(prompt),
+            "new_tokens": len(ids), "forwards": o["forwards"], "tau": len(ids) / max(o["forwards"], 1),
+            "time_s": statistics.median(shares), "tok_s": statistics.median(rates),
+            "repeats": len(m.secs), "time_s_runs": shares, "tok_s_runs": rates,
+            "tok_s_min": min(rates), "tok_s_max": max(rates),
+            "ttft_s": m.ttft[j], "peak_mem_mib": m.peak_mib, "peak_mem_rise_mib": m.peak_rise_mib,
+            "step_tokens": o["step_tokens"], "accept_lengths": o["accept_lengths"],
+            "identical_to_ar": (ids == ar_ids) if self.sp.greedy else None,
+            "finish_reason": o["finish_reason"], "stats": o["stats"], "plan": m.extra.get("plan"),
+            "text": self.text(ids), "output_ids": ids,
+        }
+        if rec["next_turns"]:  # a conversation: the messages this turn was asked with
+            out["messages"] = conv["msgs"][method]
+        return out
