@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+import time
 from typing import Optional
 
 from bench.measure import Measured, PeakMemory, measure
@@ -24,26 +25,45 @@ class Bench:
         from models.loader import DEFAULT_CACHE_DIR, load_model, resolve_model_path
 
         self.args, self.memory = args, memory
+        self.loads: dict[str, dict] = {}
         backend, dtype = get_backend(args.kernel, args.device), DTYPES[args.dtype]
-        self.model, self.tok = load_model(args.model, backend, dtype, args.device)
+        self.model, self.tok = self._load("target", lambda: load_model(args.model, backend, dtype, args.device))
         cfg = self.model.cfg
         self.model_line = f"{args.model} ({cfg.architecture}, {cfg.num_layers} layers, hidden {cfg.hidden_size})"
         print(f"loaded: {self.model_line}", flush=True)
-        self.draft = load_model(args.draft_model, backend, dtype, args.device)[0] if any(m.startswith("draft") for m in args.methods) else None
+        self.draft = None
+        if any(m.startswith("draft") for m in args.methods):
+            self.draft = self._load("draft", lambda: load_model(args.draft_model, backend, dtype, args.device))[0]
         self.eos = tuple(cfg.eos_token_ids)
         self.sp = sampling_of(args)
         self.methods = list(args.methods)
         self.hf = self.hf_draft = None
         if args.compare_hf:
-            self.hf = load_hf_model(resolve_model_path(args.model), dtype, args.device)
+            self.hf = self._load("hf target", lambda: load_hf_model(resolve_model_path(args.model), dtype, args.device))
             self.methods += list(HF_METHODS)
             if args.draft_model:
-                self.hf_draft = load_hf_model(resolve_model_path(args.draft_model), dtype, args.device)
+                self.hf_draft = self._load("hf draft", lambda: load_hf_model(resolve_model_path(args.draft_model), dtype,
+                                                                             args.device))
                 self.methods.append(HF_ASSISTED)
         self.hf_methods = set(HF_METHODS) | {HF_ASSISTED}
         self.cost = None if args.no_plan else step_cost(self.model, DEFAULT_CACHE_DIR)
         self.skipped: list[str] = []
         self._encoded: dict[str, list[int]] = {}
+
+    def _load(self, what: str, load):
+        """``load()``, with its wall time and the memory peak while it ran kept in ``loads``."""
+        self.memory.start()
+        t = time.perf_counter()
+        out = load()
+        secs = time.perf_counter() - t
+        peak, rise = self.memory.stop()
+        self.loads[what] = {"s": round(secs, 2), "peak_mem_mib": round(peak), "rise_mib": round(rise)}
+        print(f"loaded {what} in {secs:.1f} s (memory peak {peak:.0f} MiB, +{rise:.0f} MiB)", flush=True)
+        return out
+
+    def loads_line(self) -> str:
+        return "; ".join(f"{w} {x['s']:.1f} s, peak {x['peak_mem_mib']} MiB (+{x['rise_mib']})"
+                         for w, x in self.loads.items())
 
     def encode(self, messages: list[dict]) -> list[int]:
         key = json.dumps(messages)

@@ -161,6 +161,8 @@ def main(argv=None) -> int:
 
     bench = Bench(args, memory)
     head["model"] = bench.model_line
+    head["model loads"] = bench.loads_line()  # wall time and memory peak of each load
+    head["loads"] = bench.loads
     if bench.cost is not None:
         cost = bench.cost
         head["step cost"] = (f"forward ms at T step tokens (batch 1, context {cost.context}): "

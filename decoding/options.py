@@ -16,7 +16,9 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
     gpu = torch.cuda.is_available()
-    p.add_argument("--model", default="smollm2", help="'smollm2' (the embedded default), a .gguf file or an HF folder")
+    p.add_argument("--model", default="smollm2",
+                   help="'smollm2' (the embedded default), a fetched name ('qwen2.5-coder-0.5b', "
+                        "'qwen2.5-coder-1.5b': python -m models.fetch NAME), a .gguf file or an HF folder")
     p.add_argument("--draft-model", default=None,
                    help="draft model for the 'draft' and 'draft+pld' methods (and transformers' assisted generation "
                         "in the benchmark): a smaller model with the same tokenizer")

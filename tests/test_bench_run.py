@@ -35,6 +35,8 @@ def test_user_prompt_file_with_compare_hf(tmp_path, capsys):
     data = json.loads((out / "results.json").read_text())
     assert len(data["header"]["skipped"]) == 1
     assert {"device", "dtype", "kernel", "model", "versions"} <= set(data["header"])
+    loads = data["header"]["loads"]  # each model's load time and memory peak
+    assert set(loads) == {"target", "hf target"} and all(x["s"] > 0 and x["peak_mem_mib"] > 0 for x in loads.values())
     recs = data["records"]
     methods = ("ar", "pld", "lookahead+pld", "hf", "hf-pld")
     assert sorted((r["task"], r["method"]) for r in recs) == sorted((t, m) for t in ("qa", "chat") for m in methods)
