@@ -38,7 +38,7 @@ def test_triton_backend_same_greedy_tokens(smol, smol_prompts):
 
     model, _ = smol
     triton_model, _ = load_model(backend="triton")
-    p = smol_prompts[0][:96]  # the interpreter's attention cost grows with the prefix
+    p = smol_prompts[0]
     ref = generate(model, [p], max_new_tokens=8).pop().output_ids
     assert generate(triton_model, [p], make_proposer("lookahead+pld"), max_new_tokens=8).pop().output_ids == ref
 
