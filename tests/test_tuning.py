@@ -156,3 +156,27 @@ def test_measured_step_cost_is_a_non_decreasing_curve(tiny):
 
     c = measure_step_cost(tiny, context=16, reps=1)
     assert c.tokens[0] == 1 and all(b >= a > 0 for a, b in zip(c.ms, c.ms[1:])) and c.per_seq_ms >= 0
+
+
+def test_measured_step_cost_drops_a_transient(tiny, monkeypatch):
+    """A slow spell (another process, page faults after a model load) over the first forwards
+    must not reach the curve: each point is the fastest of rounds over the whole grid, so the
+    spell hits one round of a few points only. A fake clock makes a step of T tokens cost T ms."""
+    import types
+
+    import models.cost as cost
+
+    clock = [0.0]
+    monkeypatch.setattr(cost, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    forward, calls = tiny.forward, [0]
+
+    def timed_forward(tokens, *args, **kwargs):
+        calls[0] += 1
+        clock[0] += 1e-3 * tokens.numel() + (1.0 if calls[0] <= 8 else 0.0)  # the spell: +1 s each
+        return forward(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(tiny, "forward", timed_forward)
+    c = cost.measure_step_cost(tiny, context=16, reps=2)
+    assert calls[0] > 8  # the spell happened
+    assert c.ms == pytest.approx([float(t) for t in c.tokens])
+    assert c.long_ms == pytest.approx([float(t) for t in c.long_tokens]) and c.per_seq_ms == pytest.approx(0.0)
