@@ -80,6 +80,7 @@ def test_real_model_greedy_lossless_long_prompt_alone(smol, real4, name):
 
 # ---- tiny random model: both kernel backends ---------------------------------------------------
 _TINY = {}
+_TINY_REF = {}  # plain greedy outputs of TINY_PROMPTS, once per backend
 
 
 def tiny_model(kernel: str):
@@ -100,10 +101,10 @@ BACKEND_CASES = [("torch", m) for m in SPEC] + [
 @pytest.mark.parametrize("kernel, name", BACKEND_CASES)
 def test_tiny_greedy_lossless_both_backends(kernel, name):
     tiny = tiny_model(kernel)
-    if ("ref", kernel) not in _TINY:  # plain greedy, once per backend
-        _TINY["ref", kernel] = [generate(tiny, [p], max_new_tokens=14, eos_token_ids=())[0].output_ids
-                                for p in TINY_PROMPTS]
-    ref = _TINY["ref", kernel]
+    if kernel not in _TINY_REF:
+        _TINY_REF[kernel] = [generate(tiny, [p], max_new_tokens=14, eos_token_ids=())[0].output_ids
+                             for p in TINY_PROMPTS]
+    ref = _TINY_REF[kernel]
     res = generate(tiny, TINY_PROMPTS, proposer(name, tiny, small=True), max_new_tokens=14, eos_token_ids=())
     assert outputs(res) == ref
     assert all(len(o) == 14 for o in ref)  # no EOS configured: max_new_tokens is exact
