@@ -95,7 +95,8 @@ def markdown(records: list[dict], header: dict, methods: list[str], tasks: list[
     if plans:
         lines += ["### step planner (all tasks)", "",
                   "Predicted: expected new tokens per predicted forward time, over a one-token step's; "
-                  "measured: tokens/s over ar. Forward time predicted from the measured step-cost curve; "
+                  "measured: tokens/s over ar. Forward time predicted from the measured step-cost curve "
+                  "(plus, for a draft model, the time its own forwards took); "
                   "measured step time includes the host's work.", "",
                   "| method | query tokens / sequence step | expected tokens / step | predicted ms / step "
                   "| measured ms / step | predicted speedup | measured speedup |",

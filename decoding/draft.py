@@ -5,7 +5,8 @@ greedily or with the min(1, p/q) rule under sampling. ``draft+pld`` (DraftPLD) m
 lookup's candidates into the same trie and verifies both in that one forward, exactly under
 sampling (decoding/verify.py: verify_mixed)."""
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -21,11 +22,67 @@ from models.runner import ModelRunner, StepInput
 
 @dataclass(slots=True)
 class DraftModelConfig:
-    num_draft: int = 5  # draft tokens per step at most (k)
+    num_draft: int = 5  # draft tokens per step without a planner (k)
+    # with a planner: the chain grows while one more draft token is predicted to raise expected
+    # tokens per ms (the draft model's measured time per token + the target's step-cost curve,
+    # the token's chance from the draft's calibrated confidence), up to max_draft tokens
+    max_draft: int = 16
+    bins: int = 10  # confidence bins of the calibration
+    first_prior: float = 0.5  # chance the first draft token is accepted, before any evidence
 
     def __post_init__(self):
         if self.num_draft < 1:
             raise ValueError(f"num_draft (draft length) must be >= 1, got {self.num_draft}")
+        if self.max_draft < 1:
+            raise ValueError(f"max_draft (longest planned draft chain) must be >= 1, got {self.max_draft}")
+        if self.bins < 1:
+            raise ValueError(f"bins must be >= 1, got {self.bins}")
+        if not 0.0 < self.first_prior < 1.0:
+            raise ValueError(f"first_prior must be in (0, 1), got {self.first_prior}")
+
+
+class Calibration:
+    """The chance that a draft token is accepted given its parent was, as a function of the
+    draft model's probability for it ("confidence"): per confidence bin, decayed hits over
+    trials smoothed towards the bin's centre (a calibrated draft would sit there). ``first``
+    is the chance of the chain's first token before its confidence is known (the mean, plus
+    one standard error so that a slow start does not stop drafting for good)."""
+
+    def __init__(self, bins: int = 10, weight: float = 2.0, decay: float = 0.98, first_prior: float = 0.5):
+        self.bins, self.weight, self.decay = bins, weight, decay
+        self.hits, self.trials = [0.0] * bins, [0.0] * bins
+        self.first_prior = first_prior
+        self.first_hits = self.first_trials = 0.0
+
+    def bin(self, conf: float) -> int:
+        return min(int(conf * self.bins), self.bins - 1)
+
+    def rate(self, conf: float) -> float:
+        b = self.bin(conf)
+        centre = (b + 0.5) / self.bins
+        return (self.hits[b] + centre * self.weight) / (self.trials[b] + self.weight)
+
+    def first(self) -> float:
+        n = self.first_trials + self.weight
+        p = (self.first_hits + self.first_prior * self.weight) / n
+        return min(p + (p * (1 - p) / n) ** 0.5, 0.99)
+
+    def record(self, conf: float, hit: bool, first: bool = False) -> None:
+        b, d = self.bin(conf), self.decay
+        self.hits[b] = d * self.hits[b] + hit
+        self.trials[b] = d * self.trials[b] + 1.0
+        if first:
+            self.first_hits = d * self.first_hits + hit
+            self.first_trials = d * self.first_trials + 1.0
+
+
+def worth_drafting(gain: float, ms: float, reach: float, chance: float, more_ms: float) -> bool:
+    """Whether one more draft token raises expected new tokens per ms. The step so far is
+    expected to gain ``gain`` tokens in ``ms``; the next token is reached with chance
+    ``reach`` (every draft before it accepted), then accepted with ``chance``, and costs
+    ``more_ms`` (a draft forward plus what it adds to the verification):
+    (gain + reach * chance) / (ms + more_ms) > gain / ms."""
+    return reach * chance * ms > gain * more_ms
 
 
 def draft_cache_keep(cached: int, history_len: int, new_tokens: int, accepted: int) -> int:
@@ -42,6 +99,8 @@ def draft_cache_keep(cached: int, history_len: int, new_tokens: int, accepted: i
 class DraftState(SeqState):
     cached: int = 0  # tokens of this sequence in the draft model's cache (a prefix of tokens)
     q: Optional[torch.Tensor] = None  # (k, V) the draft distributions of the chain just proposed
+    chain: list[int] = field(default_factory=list)  # the chain's nodes in the tree just proposed
+    conf: list[float] = field(default_factory=list)  # the draft's probability of each chain token
 
 
 class DraftModel(Proposer[DraftState]):
@@ -49,10 +108,15 @@ class DraftModel(Proposer[DraftState]):
     State = DraftState
     sources = DRAFT
 
+    sizes_itself = True
+
     def __init__(self, draft: Transformer, cfg: Optional[DraftModelConfig] = None):
         self.draft, self.cfg = draft, cfg or DraftModelConfig()
         self.runner: Optional[ModelRunner] = None  # the draft model's own cache, per generate call
         self.sampling = SamplingParams()
+        self.calibration = Calibration(self.cfg.bins, first_prior=self.cfg.first_prior)  # kept across calls
+        self.token_ms: Optional[float] = None  # measured ms of one draft forward (one token per sequence)
+        self.model_ms = 0.0
 
     def init_state(self, base: SeqState) -> DraftState:
         return DraftState(**base.seq_fields())
@@ -63,20 +127,30 @@ class DraftModel(Proposer[DraftState]):
                              f"target's ({ctx.vocab_size}): the two models must share a tokenizer")
         self.sampling = ctx.sampling
         self.runner = ModelRunner.for_batch(self.draft, [s.prompt for s in states], ctx.max_new_tokens,
-                                            self.cfg.num_draft + 1)
+                                            max(self.cfg.num_draft, self.cfg.max_draft) + 1)
         for s in states:
             self.runner.add_sequence(s.sid)
 
     @torch.inference_mode()
     def propose(self, states: list[DraftState], budgets: list[Budget], ctx: Context) -> list[StepTree]:
-        want = {s.sid: min(b.max_depth, b.max_nodes, self.cfg.num_draft) for s, b in zip(states, budgets)}
+        t_start = time.perf_counter()
+        cal = self.calibration
+        planned = {s.sid: b.step_ms for s, b in zip(states, budgets) if b.step_ms is not None}
+        cap = self.cfg.max_draft if planned else self.cfg.num_draft
+        want = {s.sid: min(b.max_depth, b.max_nodes, cap) for s, b in zip(states, budgets)}
+        # per planned sequence: expected tokens of the step so far, and the chance of reaching its next token
+        gain = {sid: 1.0 for sid in planned}
+        reach = {sid: 1.0 for sid in planned}
         chains = {s.sid: [] for s in states}
         qs = {s.sid: [] for s in states}
+        confs = {s.sid: [] for s in states}
         by_sid = {s.sid: s for s in states}
         # feed what the draft cache lacks (at least the root), then one token per draft step
-        feed = {s.sid: s.tokens[s.cached:] for s in states if want[s.sid] > 0}
+        feed = {s.sid: s.tokens[s.cached:] for s in states if want[s.sid] > 0 and (
+            s.sid not in planned or self._worth(planned[s.sid], 0, 1.0, 1.0, cal.first(), len(states)))}
         while feed:
             sids = list(feed)
+            t0 = time.perf_counter()
             outs = self.runner.step([StepInput(sid, feed[sid], logits_rows=[len(feed[sid]) - 1]) for sid in sids])
             self.runner.commit({sid: list(range(len(feed[sid]))) for sid in sids})
             nxt = {}
@@ -84,19 +158,52 @@ class DraftModel(Proposer[DraftState]):
                 s = by_sid[sid]
                 s.cached += len(feed[sid])
                 q = probs_from_logits(logits, self.sampling)[0]
-                tok = int(q.argmax()) if self.sampling.greedy else sample(q, s.generator)
+                if self.sampling.greedy:  # q is one-hot: the confidence is the draft's softmax at its argmax
+                    tok, conf = int(q.argmax()), float(logits[0].float().softmax(-1).max())
+                else:
+                    tok = sample(q, s.generator)
+                    conf = float(q[tok])
                 chains[sid].append(tok)
                 qs[sid].append(q)
-                if len(chains[sid]) < want[sid]:
-                    nxt[sid] = [tok]
+                confs[sid].append(conf)
+                n = len(chains[sid])
+                if n >= want[sid]:
+                    continue
+                if sid in planned:
+                    p = cal.rate(conf)
+                    reach[sid] *= p
+                    gain[sid] += reach[sid]
+                    # the next token's chance: this one's (a draft's confidence runs in streaks)
+                    if not self._worth(planned[sid], n, gain[sid], reach[sid], p, len(sids)):
+                        continue
+                nxt[sid] = [tok]
+            if all(len(f) == 1 for f in feed.values()):  # a draft step, not a catch-up: its time per forward
+                ms = (time.perf_counter() - t0) * 1e3
+                self.token_ms = ms if self.token_ms is None else 0.8 * self.token_ms + 0.2 * ms
             feed = nxt
         trees = []
         for s in states:
             tree = StepTree.root(s.root)
-            tree.add_chain(chains[s.sid], DRAFT)
+            s.chain = tree.add_chain(chains[s.sid], DRAFT)
+            s.conf = confs[s.sid]
+            if s.sid in planned:
+                tree.chance = {node: cal.rate(c) for node, c in zip(s.chain, s.conf)}
+                if not self.sampling.greedy:  # sampled: what was drawn may not decide what is sent
+                    tree.pinned = set(s.chain)
             s.q = torch.stack(qs[s.sid]) if qs[s.sid] else None
             trees.append(tree)
+        self.model_ms = (time.perf_counter() - t_start) * 1e3
         return trees
+
+    def _worth(self, step_ms, n: int, gain: float, reach: float, chance: float, batch: int) -> bool:
+        """Whether to draft token n + 1 of a sequence that has n (see ``worth_drafting``): a
+        draft forward (shared by the ``batch`` sequences drafting with it) plus one more step
+        token. Before the draft's time was measured, draft (and measure)."""
+        if self.token_ms is None:
+            return True
+        ms = step_ms(n + 1) + n * self.token_ms / batch
+        more = self.token_ms / batch + max(0.0, step_ms(n + 2) - step_ms(n + 1))
+        return worth_drafting(gain, ms, reach, chance, more)
 
     def verify(self, state, tree, logits, rows, sampling):
         if sampling.greedy or len(tree) == 1:
@@ -106,10 +213,19 @@ class DraftModel(Proposer[DraftState]):
         return list(range(n_ok + 1)), token
 
     def update(self, state: DraftState, outcome: Outcome) -> None:
+        self._calibrate(state, outcome)
         keep = draft_cache_keep(state.cached, len(state.tokens), len(outcome.new_tokens), outcome.accepted)
         if keep < state.cached:
             self.runner.truncate(state.sid, keep)
             state.cached = keep
+
+    def _calibrate(self, state: DraftState, outcome: Outcome) -> None:
+        """A trial for each chain token that was sent and whose parent was accepted."""
+        on_path = set(outcome.path)
+        for i, (node, conf) in enumerate(zip(state.chain, state.conf)):
+            if node not in outcome.rows or outcome.tree.parents[node] not in on_path:
+                break
+            self.calibration.record(conf, node in on_path, first=i == 0)
 
     def end(self, state: SeqState) -> None:
         if self.runner is not None and self.runner.has_sequence(state.sid):
@@ -147,6 +263,7 @@ class DraftPLD(DraftModel):
         return verify_mixed(tree, dict(zip(nodes, probs)), state.q, state.generator)
 
     def update(self, state: DraftState, outcome: Outcome) -> None:
+        self._calibrate(state, outcome)
         on_chain = 0  # accepted nodes that are the draft chain's (its cache agrees that far)
         for n in outcome.path[1:]:
             if not outcome.tree.sources[n] & DRAFT:

@@ -96,7 +96,7 @@ def generate(
             outcomes = decode_step(runner, proposer, active, ctx, eos, planner)
             if planner is not None:
                 planner.observe_time([o.sent for o in outcomes], (time.perf_counter() - t0) * 1e3,
-                                     sum(len(o.new_tokens) for o in outcomes))
+                                     sum(len(o.new_tokens) for o in outcomes), model_ms=proposer.model_ms)
             for s, o in zip(active, outcomes):
                 s.stats.record(o)
             if on_tokens is not None:
@@ -115,10 +115,15 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
     states = [s.state for s in active]
     sids = [st.sid for st in states]
     depth = [s.remaining - 1 for s in active]
+    budgets = [Budget(max_depth=d) for d in depth]
     if planner is not None:
         contexts = [st.committed for st in states]
-        depth = [min(d, p) for d, p in zip(depth, planner.max_depth(sids, proposer.sources, contexts))]
-    trees = proposer.propose(states, [Budget(max_depth=d) for d in depth], ctx)
+        if proposer.sizes_itself:
+            budgets = [Budget(max_depth=d, step_ms=t) for d, t in zip(depth, planner.step_times(sids, contexts))]
+        else:
+            budgets = [Budget(max_depth=min(d, p)) for d, p in zip(depth, planner.max_depth(sids, proposer.sources,
+                                                                                            contexts))]
+    trees = proposer.propose(states, budgets, ctx)
     keep = [list(range(len(t))) for t in trees] if planner is None else planner.select(sids, trees)
     sent = [t if len(k) == len(t) else t.subtree(k)[0] for t, k in zip(trees, keep)]
     rows = [{node: j for j, node in enumerate(t.logit_nodes())} for t in sent]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from decoding.proposer import Outcome
-from decoding.tree import HARVEST, WINDOW, StepTree
+from decoding.tree import DRAFT, HARVEST, WINDOW, StepTree
 
 # (step tokens of each sequence[, their committed lengths]) -> predicted ms of the forward
 CostFn = Callable[..., float]
@@ -114,10 +114,23 @@ def node_probs(tree: StepTree, acc: Acceptance, optimistic: bool = False) -> lis
         if tree.candidate[n]:
             parent = tree.parents[n]
             # siblings exclude each other (one next token): their chances sum to at most 1
-            cond = min(max(rate(k) for k in node_keys(tree, n, acc.streak)), left[parent])
+            est = max(rate(k) for k in node_keys(tree, n, acc.streak))
+            if n in tree.chance:  # the proposer's own estimate (e.g. a draft model's calibrated confidence)
+                est = tree.chance[n] if tree.sources[n] == DRAFT else max(est, tree.chance[n])
+            cond = min(est, left[parent])
             left[parent] -= cond
             p[n] = p[parent] * cond
     return p
+
+
+def _closed(tree: StepTree, nodes: set[int]) -> set[int]:
+    """``nodes`` and their ancestors, the root excluded."""
+    out = set()
+    for n in nodes:
+        while n > 0 and n not in out:
+            out.add(n)
+            n = tree.parents[n]
+    return out
 
 
 @dataclass
@@ -201,15 +214,25 @@ class Planner:
             out.append(best_d)
         return out
 
+    def step_times(self, sids: list[int], contexts: Optional[list[int]] = None) -> list[Callable[[int], float]]:
+        """Per sequence, predicted ms of the step (forward + host) if it sends n step tokens and
+        the rest of the batch one each: for a proposer that sizes its own drafts."""
+        self.contexts = contexts
+
+        def at(b: int) -> Callable[[int], float]:
+            return lambda n: self._time([1] * b + [n] + [1] * (len(sids) - b - 1))
+        return [at(b) for b in range(len(sids))]
+
     # ---- after proposing --------------------------------------------------------------------
     def select(self, sids: list[int], trees: list[StepTree]) -> list[list[int]]:
         """Per tree, the nodes to send (increasing, root first, closed under parents)."""
         items = []
         wrate = self.window_rate
         all_probs = [node_probs(tree, self.acceptance(sid), optimistic=True) for sid, tree in zip(sids, trees)]
+        pinned = [sorted(_closed(tree, tree.pinned)) for tree in trees]  # sent whatever they cost
         for b, (tree, probs) in enumerate(zip(trees, all_probs)):
             for n in range(1, len(tree)):
-                if tree.candidate[n]:
+                if tree.candidate[n] and n not in pinned[b]:
                     items.append(_Item(b, probs[n], 1, [n], (0, tree.depths[n], n)))
             groups: dict[int, list[int]] = {}
             for n in range(1, len(tree)):
@@ -223,8 +246,8 @@ class Planner:
         base = self._cost(ones)
         unit = [max(1e-6, self._cost(ones[:b] + [2] + ones[b + 1:]) - base) for b in range(len(trees))]
         items.sort(key=lambda it: (-it.value / (it.tokens * unit[it.seq]), it.order))
-        tokens = [1] * len(trees)
-        gain = float(len(trees))
+        tokens = [1 + len(p) for p in pinned]
+        gain = len(trees) + sum(probs[n] for p, probs in zip(pinned, all_probs) for n in p)
         best, best_k = gain / self._time(tokens), 0
         taken = []
         for it in items:
@@ -236,7 +259,7 @@ class Planner:
             r = gain / self._time(tokens)
             if r > best:
                 best, best_k = r, len(taken)
-        keep = [[0] for _ in trees]
+        keep = [[0] + p for p in pinned]
         for it in taken[:best_k]:
             keep[it.seq] += it.nodes
         chosen = [sorted(k) for k in keep]
@@ -261,11 +284,13 @@ class Planner:
                                     and tree.group[n] >= 0})
         acc.streak = outcome.accepted > 0
 
-    def observe_time(self, step_tokens: list[int], wall_ms: float, new_tokens: int) -> None:
-        """The whole step took ``wall_ms`` (propose to update) and gained ``new_tokens``."""
+    def observe_time(self, step_tokens: list[int], wall_ms: float, new_tokens: int, model_ms: float = 0.0) -> None:
+        """The whole step took ``wall_ms`` (propose to update) and gained ``new_tokens``;
+        ``model_ms`` of it the proposer spent running its own model (a draft model: it sizes
+        and accounts for that itself, so it is not host overhead)."""
         predicted = self._cost(step_tokens)
         # host time = a + b x step tokens, fitted by decayed least squares (recent steps count most)
-        x, y, o = float(sum(step_tokens)), wall_ms - predicted, self._ovh
+        x, y, o = float(sum(step_tokens)), wall_ms - model_ms - predicted, self._ovh
         for i, v in enumerate((1.0, x, y, x * x, x * y)):
             o[i] = 0.9 * o[i] + v
         mx, my = o[1] / o[0], o[2] / o[0]
@@ -277,6 +302,6 @@ class Planner:
         log["seq_steps"] += len(step_tokens)
         log["step_tokens"] += sum(step_tokens)
         log["new_tokens"] += new_tokens
-        log["predicted_ms"] += predicted
+        log["predicted_ms"] += predicted + model_ms
         log["measured_ms"] += wall_ms
         log["one_token_ms"] += self._cost([1] * len(step_tokens))

@@ -15,7 +15,7 @@ model) overrides it with its own rule.
 """
 
 from dataclasses import dataclass, field, fields
-from typing import ClassVar, Generic, Optional, TypeVar
+from typing import Callable, ClassVar, Generic, Optional, TypeVar
 
 import torch
 
@@ -60,6 +60,9 @@ class Budget:
 
     max_depth: int  # deepest candidate node: a step gains at most max_depth + 1 tokens
     max_nodes: int = 256  # most candidate nodes worth proposing
+    # with a planner, for a proposer that sizes its own drafts (``Proposer.sizes_itself``):
+    # predicted ms of the whole step (forward + host) if this sequence sends n step tokens
+    step_ms: Optional[Callable[[int], float]] = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,11 @@ class Proposer(Generic[S]):
     name: ClassVar[str] = "ar"
     State: ClassVar[type] = SeqState
     sources: ClassVar[int] = 0  # the source bits (decoding/tree.py) of the nodes it proposes
+    # True: each draft token costs the proposer device time (a draft model's forward), so it picks
+    # its own depth from ``Budget.step_ms``, reports that time in ``model_ms`` and may put its own
+    # acceptance estimates in ``StepTree.chance``; False: the planner sizes its trees
+    sizes_itself: ClassVar[bool] = False
+    model_ms: float = 0.0  # ms the last ``propose`` spent running a model (not host overhead)
 
     def init_state(self, base: SeqState) -> S:
         """A fresh state for a sequence right after prefill (``base.tokens`` = prompt + first token)."""

@@ -32,6 +32,12 @@ class StepTree:
     # private nodes form numbered groups (a lookahead window column): a planner keeps or drops
     # whole groups, and keeping groups 0 .. g - 1 keeps every private ancestor they need
     group: list[int] = field(default_factory=lambda: [-1])
+    # a proposer's own estimate, per candidate node, of its chance of being accepted given its
+    # parent was (a draft model's calibrated confidence); a planner prefers it to its keyed rates
+    chance: dict[int, float] = field(default_factory=dict)
+    # nodes a planner must send (with their ancestors): a draft model's sampled chain, whose
+    # tokens may not be dropped for what was drawn (that would bias the min(1, p / q) rule)
+    pinned: set[int] = field(default_factory=set)
 
     @classmethod
     def root(cls, token: int) -> "StepTree":
@@ -99,6 +105,8 @@ class StepTree:
             sub._new(new_of[self.parents[old]], self.tokens[old], self.sources[old], self.candidate[old],
                      self.group[old])
         sub.extra_logits = {new_of[n] for n in self.extra_logits if n in new_of}
+        sub.chance = {new_of[n]: c for n, c in self.chance.items() if n in new_of}
+        sub.pinned = {new_of[n] for n in self.pinned if n in new_of}
         return sub, list(keep)
 
     def mask(self) -> torch.Tensor:

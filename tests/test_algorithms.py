@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from decoding.draft import draft_cache_keep
+from decoding.draft import Calibration, draft_cache_keep, worth_drafting
 from decoding.recycle import grow_tree as grow_recycled
 from decoding.recycle import refresh, seed_table
 from decoding.suffix import SuffixTrie
@@ -121,6 +121,32 @@ def test_jacobi_initial_guess():
 ])
 def test_draft_cache_keep(cached, history_len, new_tokens, accepted, keep):
     assert draft_cache_keep(cached, history_len, new_tokens, accepted) == keep
+
+
+# ---- draft-model chain length --------------------------------------------------------------------------
+def test_draft_calibration_table():
+    cal = Calibration(bins=4, weight=2.0, decay=1.0, first_prior=0.5)
+    assert [cal.bin(c) for c in (0.0, 0.24, 0.25, 0.99, 1.0)] == [0, 0, 1, 3, 3]
+    assert cal.rate(0.9) == pytest.approx(0.875)  # no evidence: the bin's centre
+    for hit in (True, True, False, True):
+        cal.record(0.9, hit, first=True)
+    assert cal.rate(0.9) == pytest.approx((3 + 0.875 * 2) / (4 + 2))
+    assert cal.rate(0.1) == pytest.approx(0.125)  # other bins untouched
+    p = (3 + 0.5 * 2) / 6
+    assert cal.first() == pytest.approx(p + (p * (1 - p) / 6) ** 0.5)
+    cal.record(0.1, False)  # not a chain's first token: the first-token estimate is unchanged
+    assert cal.first() == pytest.approx(p + (p * (1 - p) / 6) ** 0.5)
+
+
+@pytest.mark.parametrize("gain, ms, reach, chance, more_ms, want", [
+    (1.0, 100.0, 1.0, 0.5, 40.0, True),  # 1.5 / 140 beats 1 / 100
+    (1.0, 100.0, 1.0, 0.3, 40.0, False),  # 1.3 / 140 does not
+    (3.0, 180.0, 0.8, 0.9, 40.0, True),  # 3.72 / 220 beats 3 / 180
+    (3.0, 180.0, 0.5, 0.9, 40.0, False),  # deeper: reaching the token is less likely
+    (1.0, 100.0, 1.0, 0.5, 50.0, False),  # a tie is not worth a draft forward
+])
+def test_worth_drafting(gain, ms, reach, chance, more_ms, want):
+    assert worth_drafting(gain, ms, reach, chance, more_ms) is want
 
 
 # ---- trie merging with caps ---------------------------------------------------------------------------

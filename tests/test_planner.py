@@ -6,7 +6,8 @@ import torch
 
 from decoding import Outcome, Planner, PlannerConfig, generate, make_proposer
 from decoding.planner import Acceptance, node_probs
-from decoding.tree import HARVEST, PLD, POOL, WINDOW, StepTree
+from decoding.draft import DraftModel, DraftModelConfig, DraftPLD
+from decoding.tree import DRAFT, HARVEST, PLD, POOL, WINDOW, StepTree
 from helpers import ours_from_hf, tiny_hf_model
 
 FIXED = PlannerConfig(prior=0.4, learn_overhead=False, explore=0.0)
@@ -149,6 +150,43 @@ def test_overhead_is_learned_from_wall_time():
     assert grows._time([9]) == pytest.approx(19 + 5 + 4.5, abs=1e-6)
 
 
+def test_a_proposers_own_chances_replace_the_keyed_rates():
+    t = chain(2, DRAFT)
+    t.add_chain([5], PLD)  # rank 1 under the root
+    t.add_chain([1, 2, 3], PLD)  # merged with the draft chain, one PLD node deeper
+    t.chance = {1: 0.9, 2: 0.5}  # the draft model's estimates for its chain
+    acc = Acceptance(FIXED)
+    # node 1 (draft | pld): max(.9, .4); node 2 too: max(.5, .4); node 3 ([5], PLD): .4 capped by what
+    # its elder sibling left (.1); node 4 (the PLD chain's third token): .4
+    assert node_probs(t, acc) == pytest.approx([1, 0.9, 0.45, 0.1, 0.18])
+    only_draft = chain(2, DRAFT)
+    only_draft.chance = {1: 0.2, 2: 0.95}
+    assert node_probs(only_draft, acc) == pytest.approx([1, 0.2, 0.19])  # not max'ed with the prior
+    sub, _ = only_draft.subtree([0, 1])
+    assert sub.chance == {1: 0.2}
+
+
+def test_pinned_nodes_are_sent_whatever_they_cost():
+    # a sampled draft chain: dropping a drawn token for what was drawn would bias min(1, p/q)
+    t = chain(3, DRAFT)
+    t.add_chain([9], PLD)
+    t.pinned = {2}  # node 2 and its parent 1 go; node 3 and the PLD node are the planner's to pick
+    assert Planner(linear_cost(10, 20), FIXED).select([0], [t]) == [[0, 1, 2]]  # 1.56 / 70 beats 1.96 / 90
+    assert Planner(linear_cost(10, 0), FIXED).select([0], [t]) == [[0, 1, 2, 3, 4]]
+    assert t.subtree([0, 1, 2])[0].pinned == {2}
+
+
+def test_step_times_and_a_proposers_model_time():
+    plan = Planner(linear_cost(10, 1), FIXED)
+    times = plan.step_times([0, 1, 2])
+    assert [times[1](n) for n in (1, 4)] == [13.0, 16.0]
+    grows = Planner(linear_cost(10, 1), PlannerConfig())
+    for _ in range(50):  # 11 ms predicted + 5 ms host + 30 ms of the proposer's draft model
+        grows.observe_time([1], 46.0, 1, model_ms=30.0)
+    assert grows.overhead_ms == pytest.approx(5, abs=0.01)  # the draft model's time is not host overhead
+    assert grows.log["predicted_ms"] == pytest.approx(50 * 41) and grows.log["measured_ms"] == pytest.approx(50 * 46)
+
+
 @pytest.mark.parametrize("bad, match", [(dict(prior=1.0), "prior"), (dict(decay=0), "decay"),
                                         (dict(max_tokens=0), "max_tokens"), (dict(window_weight=0), "window")])
 def test_bad_planner_config(bad, match):
@@ -188,3 +226,23 @@ def test_sibling_chances_sum_to_at_most_one():
     for rank in range(3):
         acc.hits[(PLD, 1, rank, False)], acc.trials[(PLD, 1, rank, False)] = 8.0, 8.0  # (8 + .8) / 10 = .88 each
     assert node_probs(t, acc) == pytest.approx([1, 0.88, 0.12, 0.0])
+
+
+@pytest.mark.parametrize("cls", [DraftModel, DraftPLD])
+def test_planned_draft_chains_are_lossless_and_sized_by_cost(tiny, cls):
+    """The draft model sizes its own chain: the target drafting for itself (every greedy
+    draft accepted) under a step that costs a second drafts to the cap; a draft forward
+    priced at a day never drafts."""
+    ref = [generate(tiny, [p], max_new_tokens=30, eos_token_ids=())[0].output_ids for p in PROMPTS]
+    cfg = DraftModelConfig(num_draft=2, max_draft=6)
+    runs = {}
+    for name, token_ms in (("cheap", None), ("dear", 86_400_000.0)):
+        prop = cls(tiny, cfg)
+        prop.token_ms = token_ms
+        plan = Planner(linear_cost(1000, 0.0), PlannerConfig(learn_overhead=False))
+        res = generate(tiny, PROMPTS, prop, planner=plan, max_new_tokens=30, eos_token_ids=())
+        assert [r.output_ids for r in res] == ref
+        runs[name] = plan.log["step_tokens"] / plan.log["seq_steps"]
+    assert runs["cheap"] > 4.5  # beyond num_draft (2): the planned chain grows to max_draft (6)
+    if cls is DraftModel:
+        assert runs["dear"] == 1.0

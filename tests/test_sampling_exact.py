@@ -112,15 +112,18 @@ def method(name, target):
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("name", ["ar", "pld", "jacobi", "lookahead", "lookahead+pld", "recycle", "suffix", "hybrid",
-                                  "draft", "draft+pld", "planned"])
+                                  "draft", "draft+pld", "planned", "planned-draft"])
 def test_joint_of_first_three_tokens_matches_target(target, name, setting):
     sp = SETTINGS[setting]
     exact = exact_joint(target, sp)
     # "planned": lookahead+pld with the step planner pruning its trees (a made-up cost curve
     # under which some drafts pay and some do not)
+    # "planned-draft": draft+pld sizing its own chain by the draft's calibrated confidence and
+    # its measured forward time, the planner sending the nodes whose chances pay
     planner = Planner(lambda tokens: 100 + 0.02 * sum(tokens), PlannerConfig(learn_overhead=False)) \
-        if name == "planned" else None
-    counts, accepted = empirical(target, method("lookahead+pld" if name == "planned" else name, target), sp, planner)
+        if name.startswith("planned") else None
+    inner = {"planned": "lookahead+pld", "planned-draft": "draft+pld"}.get(name, name)
+    counts, accepted = empirical(target, method(inner, target), sp, planner)
     assert chi2_pvalue(counts, exact) > ALPHA
     if name != "ar":
         assert accepted > N_SAMPLES // 40  # drafts really were accepted: the verifier was exercised
