@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from decoding.planner import Acceptance, PlannerConfig, node_keys, node_probs
 from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
 from decoding.sampling import SamplingParams, probs_from_logits, sample
 from decoding.prompt_lookup import PromptLookupConfig, lookup_candidates
@@ -100,6 +101,7 @@ class DraftState(SeqState):
     cached: int = 0  # tokens of this sequence in the draft model's cache (a prefix of tokens)
     q: Optional[torch.Tensor] = None  # (k, V) the draft distributions of the chain just proposed
     chain: list[int] = field(default_factory=list)  # the chain's nodes in the tree just proposed
+    pld_acc: Optional[object] = None  # DraftPLD: this sequence's prompt-lookup acceptance (planner.Acceptance)
     conf: list[float] = field(default_factory=list)  # the draft's probability of each chain token
 
 
@@ -145,9 +147,15 @@ class DraftModel(Proposer[DraftState]):
         qs = {s.sid: [] for s in states}
         confs = {s.sid: [] for s in states}
         by_sid = {s.sid: s for s in states}
+        # what the step holds besides the draft chain (DraftPLD: prompt lookup's candidates):
+        # expected tokens, the chance they cover the first token, their step tokens
+        other = {s.sid: self._other(s) for s in states}
+        for sid in planned:
+            gain[sid] += other[sid][0]
         # feed what the draft cache lacks (at least the root), then one token per draft step
         feed = {s.sid: s.tokens[s.cached:] for s in states if want[s.sid] > 0 and (
-            s.sid not in planned or self._worth(planned[s.sid], 0, 1.0, 1.0, cal.first(), len(states)))}
+            s.sid not in planned or self._worth(planned[s.sid], 0, gain[s.sid], 1.0,
+                                                cal.first() * (1.0 - other[s.sid][1]), len(states), other[s.sid][2]))}
         while feed:
             sids = list(feed)
             t0 = time.perf_counter()
@@ -174,7 +182,7 @@ class DraftModel(Proposer[DraftState]):
                     reach[sid] *= p
                     gain[sid] += reach[sid]
                     # the next token's chance: this one's (a draft's confidence runs in streaks)
-                    if not self._worth(planned[sid], n, gain[sid], reach[sid], p, len(sids)):
+                    if not self._worth(planned[sid], n, gain[sid], reach[sid], p, len(sids), other[sid][2]):
                         continue
                 nxt[sid] = [tok]
             if all(len(f) == 1 for f in feed.values()):  # a draft step, not a catch-up: its time per forward
@@ -195,15 +203,21 @@ class DraftModel(Proposer[DraftState]):
         self.model_ms = (time.perf_counter() - t_start) * 1e3
         return trees
 
-    def _worth(self, step_ms, n: int, gain: float, reach: float, chance: float, batch: int) -> bool:
+    def _worth(self, step_ms, n: int, gain: float, reach: float, chance: float, batch: int, others: int = 0) -> bool:
         """Whether to draft token n + 1 of a sequence that has n (see ``worth_drafting``): a
         draft forward (shared by the ``batch`` sequences drafting with it) plus one more step
-        token. Before the draft's time was measured, draft (and measure)."""
+        token, beside ``others`` step tokens of other sources. Before the draft's time was
+        measured, draft (and measure)."""
         if self.token_ms is None:
             return True
-        ms = step_ms(n + 1) + n * self.token_ms / batch
-        more = self.token_ms / batch + max(0.0, step_ms(n + 2) - step_ms(n + 1))
+        ms = step_ms(n + 1 + others) + n * self.token_ms / batch
+        more = self.token_ms / batch + max(0.0, step_ms(n + 2 + others) - step_ms(n + 1 + others))
         return worth_drafting(gain, ms, reach, chance, more)
+
+    def _other(self, state: DraftState) -> tuple[float, float, int]:
+        """Expected tokens of the step's other candidates, their chance to cover the first
+        token, their step tokens: none for a draft model alone."""
+        return 0.0, 0.0, 0
 
     def verify(self, state, tree, logits, rows, sampling):
         if sampling.greedy or len(tree) == 1:
@@ -244,16 +258,37 @@ class DraftPLD(DraftModel):
                  pld: Optional[PromptLookupConfig] = None):
         super().__init__(draft, cfg)
         self.pld = pld or PromptLookupConfig(num_candidates=4)
+        # how often prompt lookup's candidates are accepted (per depth, rank and streak, as the
+        # step planner estimates them): where they are likely, the draft model is not run
+        self.pld_rates = Acceptance(PlannerConfig())
+        self._found: dict[int, list[list[int]]] = {}
+
+    def init_state(self, base: SeqState) -> DraftState:
+        state = super().init_state(base)
+        state.pld_acc = Acceptance(PlannerConfig(), self.pld_rates)
+        return state
 
     def propose(self, states: list[DraftState], budgets: list[Budget], ctx: Context) -> list[StepTree]:
-        trees = super().propose(states, budgets, ctx)
         todo = [i for i, b in enumerate(budgets) if b.max_depth > 0]
-        if todo:
+        self._found = {}
+        if todo:  # prompt lookup first: what it will likely give decides how far the draft model runs
             found = lookup_candidates(ctx.backend, [states[i].tokens for i in todo], self.pld, ctx.device)
-            for i, chains in zip(todo, found):
-                for chain in chains:
-                    trees[i].add_chain(chain[:budgets[i].max_depth], PLD, budgets[i].max_nodes)
+            self._found = {states[i].sid: [c[:budgets[i].max_depth] for c in chains] for i, chains in zip(todo, found)}
+        trees = super().propose(states, budgets, ctx)
+        for s, b, tree in zip(states, budgets, trees):
+            for chain in self._found.get(s.sid, []):
+                tree.add_chain(chain, PLD, b.max_nodes)
         return trees
+
+    def _other(self, state: DraftState) -> tuple[float, float, int]:
+        chains = self._found.get(state.sid)
+        if not chains:
+            return 0.0, 0.0, 0
+        tree = StepTree.root(state.root)
+        for chain in chains:
+            tree.add_chain(chain, PLD)
+        probs = node_probs(tree, state.pld_acc)
+        return sum(probs[1:]), sum(probs[n] for n in tree.candidate_children(0)), len(tree) - 1
 
     def verify(self, state, tree, logits, rows, sampling):
         if sampling.greedy or len(tree) == 1:
@@ -264,6 +299,13 @@ class DraftPLD(DraftModel):
 
     def update(self, state: DraftState, outcome: Outcome) -> None:
         self._calibrate(state, outcome)
+        tree, on_path, acc = outcome.tree, set(outcome.path), state.pld_acc
+        for n in outcome.rows:  # prompt lookup's trials: sent nodes whose parent was accepted
+            if n and tree.sources[n] & PLD and tree.parents[n] in on_path:
+                for key in node_keys(tree, n, acc.streak):
+                    if key[0] == PLD:
+                        acc.record(key, n in on_path)
+        acc.streak = any(tree.sources[n] & PLD for n in outcome.path[1:])
         on_chain = 0  # accepted nodes that are the draft chain's (its cache agrees that far)
         for n in outcome.path[1:]:
             if not outcome.tree.sources[n] & DRAFT:

@@ -246,3 +246,26 @@ def test_planned_draft_chains_are_lossless_and_sized_by_cost(tiny, cls):
     assert runs["cheap"] > 4.5  # beyond num_draft (2): the planned chain grows to max_draft (6)
     if cls is DraftModel:
         assert runs["dear"] == 1.0
+
+
+def test_draft_pld_skips_the_draft_model_where_prompt_lookup_is_likely(tiny):
+    """draft+pld counts what its prompt-lookup candidates are expected to give before it runs
+    the draft model: after a run of accepted copies, a draft forward does not pay."""
+    from decoding.proposer import SeqState
+
+    prop = DraftPLD(tiny, DraftModelConfig())
+    state = prop.init_state(SeqState(0, [1, 2, 3, 1, 2], 3))
+    prop._found = {0: [[3, 1, 2]]}
+    gain, p1, n = prop._other(state)
+    assert n == 3 and p1 == pytest.approx(0.4) and gain == pytest.approx(0.4 + 0.16 + 0.064)
+    for d in (1, 2, 3):
+        for _ in range(40):
+            state.pld_acc.record((PLD, d, 0, False), True)
+    gain, p1, n = prop._other(state)
+    assert p1 > 0.95 and gain > 2.8
+    prop.token_ms = 30.0  # a draft forward: 30 ms beside a 100 ms step
+    step_ms = lambda tokens: 100.0 + tokens  # noqa: E731
+    fresh = prop.calibration.first() * (1 - 0.4)
+    assert prop._worth(step_ms, 0, 1.62, 1.0, fresh, 1, 3)  # candidates at the prior: draft too
+    assert not prop._worth(step_ms, 0, 1.0 + gain, 1.0, prop.calibration.first() * (1 - p1), 1, n)
+    assert DraftModel(tiny)._other(state) == (0.0, 0.0, 0)
