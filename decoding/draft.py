@@ -77,12 +77,15 @@ class Calibration:
             self.first_trials = d * self.first_trials + 1.0
 
 
+HORIZON = 3  # draft tokens looked ahead when deciding whether to draft on
+
+
 def worth_drafting(gain: float, ms: float, reach: float, chance: float, more_ms: float) -> bool:
-    """Whether one more draft token raises expected new tokens per ms. The step so far is
-    expected to gain ``gain`` tokens in ``ms``; the next token is reached with chance
-    ``reach`` (every draft before it accepted), then accepted with ``chance``, and costs
-    ``more_ms`` (a draft forward plus what it adds to the verification):
-    (gain + reach * chance) / (ms + more_ms) > gain / ms."""
+    """Whether more draft tokens raise expected new tokens per ms. The step so far is expected
+    to gain ``gain`` tokens in ``ms``; the next token is reached with chance ``reach`` (every
+    draft before it accepted); from there the new tokens are expected to add ``chance``
+    accepted tokens and cost ``more_ms`` (their draft forwards plus what they add to the
+    verification): (gain + reach * chance) / (ms + more_ms) > gain / ms."""
     return reach * chance * ms > gain * more_ms
 
 
@@ -210,9 +213,17 @@ class DraftModel(Proposer[DraftState]):
         measured, draft (and measure)."""
         if self.token_ms is None:
             return True
-        ms = step_ms(n + 1 + others) + n * self.token_ms / batch
-        more = self.token_ms / batch + max(0.0, step_ms(n + 2 + others) - step_ms(n + 1 + others))
-        return worth_drafting(gain, ms, reach, chance, more)
+        per = self.token_ms / batch
+        now = step_ms(n + 1 + others)
+        ms = now + n * per
+        # one to three more tokens, each as likely as this one: a cost curve need not be convex
+        # (on this CPU a 3-token step of the 1.5B model costs more than a 4-token one)
+        expect = 0.0
+        for h in range(1, HORIZON + 1):
+            expect += chance ** h
+            if worth_drafting(gain, ms, reach, expect, h * per + max(0.0, step_ms(n + 1 + h + others) - now)):
+                return True
+        return False
 
     def _other(self, state: DraftState) -> tuple[float, float, int]:
         """Expected tokens of the step's other candidates, their chance to cover the first

@@ -246,3 +246,18 @@ def test_suffix_store_sees_other_streams_only_when_shared():
     assert trie.find([3, 4]) is None  # no substring spans two streams
     assert trie.store_match([9, 9, 1, 2], max_match=3) == trie.find([1, 2])
     assert trie.store_match([9, 9], max_match=3) is None
+
+
+def test_draft_sizing_looks_past_a_dip_in_the_cost_curve():
+    """A step of 3 tokens dearer than one of 4 (measured so on this CPU for the 1.5B model):
+    one more draft token does not pay, two do, so the chain goes on."""
+    from decoding.draft import DraftModel
+
+    prop = DraftModel.__new__(DraftModel)
+    prop.token_ms = 50.0
+    curve = {1: 350.0, 2: 350.0, 3: 500.0, 4: 350.0, 5: 520.0}
+    gain, reach, p = 1.9, 0.9, 0.9  # one draft token so far
+    assert not worth_drafting(gain, 350 + 50, reach, p, 50 + 150)  # the next token alone
+    assert prop._worth(lambda n: curve[n], 1, gain, reach, p, 1)
+    flat = {1: 350.0, 2: 350.0, 3: 700.0, 4: 700.0, 5: 700.0}
+    assert not prop._worth(lambda n: flat[n], 1, gain, reach, p, 1)
