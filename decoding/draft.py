@@ -24,9 +24,10 @@ from models.runner import ModelRunner, StepInput
 @dataclass(slots=True)
 class DraftModelConfig:
     num_draft: int = 5  # draft tokens per step without a planner (k)
-    # with a planner: the chain grows while one more draft token is predicted to raise expected
-    # tokens per ms (the draft model's measured time per token + the target's step-cost curve,
-    # the token's chance from the draft's calibrated confidence), up to max_draft tokens
+    # with a planner: the chain grows while one to three more draft tokens are predicted to
+    # raise expected tokens per ms (the draft model's measured time per forward, the target's
+    # step-cost curve, each token's chance from the draft's calibrated confidence), up to
+    # max_draft tokens
     max_draft: int = 16
     bins: int = 10  # confidence bins of the calibration
     first_prior: float = 0.5  # chance the first draft token is accepted, before any evidence
