@@ -105,7 +105,7 @@ class DraftState(SeqState):
     cached: int = 0  # tokens of this sequence in the draft model's cache (a prefix of tokens)
     q: Optional[torch.Tensor] = None  # (k, V) the draft distributions of the chain just proposed
     chain: list[int] = field(default_factory=list)  # the chain's nodes in the tree just proposed
-    pld_acc: Optional[object] = None  # DraftPLD: this sequence's prompt-lookup acceptance (planner.Acceptance)
+    pld_acc: Optional[Acceptance] = None  # DraftPLD: this sequence's prompt-lookup acceptance
     conf: list[float] = field(default_factory=list)  # the draft's probability of each chain token
 
 
