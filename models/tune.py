@@ -3,7 +3,10 @@
 
 Each form is timed on the model's own weights of that shape, cycled through (as many as
 make at least 48 MB, so the measurement reads them cold from memory as the forward does),
-for every row bucket; the fastest wins. The table is cached as JSON under
+for every row bucket; the fastest wins. The forms of a bucket are timed in interleaved
+rounds and each keeps its fastest round: on a shared machine one slow spell must not decide
+the table (a median of two calls once cached ``linear`` for the default model's 3072 x 576
+one-row product, 1.6x slower than ``packed``). The table is cached as JSON under
 ``cache_dir/tune/`` keyed by the device, thread count, torch version, dtype, the shapes and
 the memory policy; a corrupt or foreign cache file is ignored with a warning and measured
 again. On a GPU the candidates are torch's own forms only, and ``linear`` (plain cuBLAS) is
@@ -18,7 +21,6 @@ import hashlib
 import json
 import os
 import platform
-import statistics
 import time
 import warnings
 from pathlib import Path
@@ -28,19 +30,19 @@ import torch
 
 from models.linear import BUCKETS, ProductPlan, pack, product
 
+VERSION = 2  # of the measurement (2: fastest of interleaved rounds); older caches are measured again
 AUTO_LIMIT = 2 << 30  # bytes of weights up to which "auto" keeps packed copies
 COLD_BYTES = 48 << 20  # weights cycled through per measurement (beyond the caches)
-Timer = Callable[[Callable[[], object], int], float]  # (fn, reps) -> seconds per call
+Timer = Callable[[Callable[[], object], int], float]  # (fn, reps) -> fastest seconds of reps calls
 
 
 def _timer(fn, reps: int) -> float:
-    fn()  # warm-up
     times = []
     for _ in range(reps):
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return min(times)
 
 
 def device_name(device: torch.device) -> str:
@@ -73,7 +75,7 @@ def _shape_key(w: torch.Tensor, b: Optional[torch.Tensor]) -> str:
     return f"{w.shape[0]}x{w.shape[1]}{'+b' if b is not None else ''}"
 
 
-def tune_model(model, cache_dir: Path | str, extra_weight_memory: str = "auto", reps: int = 2,
+def tune_model(model, cache_dir: Path | str, extra_weight_memory: str = "auto", reps: int = 5,
                timer: Timer = _timer) -> dict[str, list[str]]:
     """Measure (or read from the cache) the form table of every weight shape and install it
     on ``model``; returns {shape: forms per bucket}."""
@@ -86,7 +88,7 @@ def tune_model(model, cache_dir: Path | str, extra_weight_memory: str = "auto", 
                  and (extra_weight_memory == "on" or (extra_weight_memory == "auto" and weight_bytes <= AUTO_LIMIT)))
     forms = ["linear", "wxt"] + (["packed"] if packed_ok else [])
     shapes = sorted({_shape_key(w, b) for _, w, b, _ in prods})
-    key = {"device": device_name(dev), "threads": torch.get_num_threads(), "torch": torch.__version__,
+    key = {"version": VERSION, "device": device_name(dev), "threads": torch.get_num_threads(), "torch": torch.__version__,
            "dtype": str(dtype), "shapes": shapes, "forms": forms, "buckets": list(BUCKETS)}
     path = Path(cache_dir) / "tune" / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
                                        + ".json")
@@ -133,14 +135,18 @@ def _measure(prods, forms, reps, timer, dev, dtype) -> dict[str, list[str]]:
         table = []
         for m in BUCKETS:
             x = torch.randn(m, group[0][0].shape[1], device=dev, dtype=dtype)
-            times = {}
-            for form in forms:
-                def sweep(form=form):
-                    for (w, b), plan in zip(group, plans):
-                        product(x, w, b, plan, form)
-                    if dev.type == "cuda":
-                        torch.cuda.synchronize(dev)
-                times[form] = timer(sweep, reps)
+            def sweep(form):
+                for (w, b), plan in zip(group, plans):
+                    product(x, w, b, plan, form)
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+
+            for form in forms:  # warm-up
+                sweep(form)
+            times = {form: float("inf") for form in forms}
+            for _ in range(reps):  # interleaved rounds, each form's fastest kept
+                for form in forms:
+                    times[form] = min(times[form], timer(lambda form=form: sweep(form), 1))
             table.append(min(forms, key=lambda f: times[f]))
         tables[shape] = table
     return tables

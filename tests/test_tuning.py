@@ -77,6 +77,36 @@ def test_tune_measures_once_then_reads_the_cache(tiny, tmp_path, monkeypatch):
     assert len(seen) > n
 
 
+def test_tune_slow_spell_does_not_decide(tiny, tmp_path, monkeypatch):
+    """The forms of a bucket are timed in interleaved rounds and each keeps its fastest: a slow
+    spell over the first rounds of the fastest form (as after a model load) does not hand the
+    bucket to another form."""
+    import models.tune as tune
+
+    forms_seen = []
+    real_product = tune.product
+
+    def spy(x, w, b, plan, form=None):
+        forms_seen.append(form)
+        return real_product(x, w, b, plan, form)
+
+    monkeypatch.setattr(tune, "product", spy)
+    rounds = {"linear": 0, "wxt": 0}
+
+    def timer(fn, reps):
+        forms_seen.clear()
+        fn()
+        form = forms_seen[-1]
+        rounds[form] += 1
+        if form == "linear":
+            return 2.0
+        return 50.0 if rounds[form] % 5 in (1, 2) else 1.0  # wxt: slow in two of every five rounds
+
+    tables = tune_model(tiny, tmp_path, "off", reps=5, timer=timer)
+    assert all(t == ["wxt"] * len(BUCKETS) for t in tables.values())
+    assert rounds["linear"] == rounds["wxt"] == 5 * len(BUCKETS) * len(tables)
+
+
 def test_tuned_model_gives_the_same_logits(tiny, tmp_path):
     from models.runner import ModelRunner, StepInput
 
