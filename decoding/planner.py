@@ -68,18 +68,36 @@ class Acceptance:
         self.hits: dict[tuple, float] = {}
         self.trials: dict[tuple, float] = {}
         self.streak = False  # the sequence's last step accepted a draft token
+        self.version = 0  # of the shared estimate: bumped by every record of any sequence
+        self._memo: dict[tuple, tuple[float, float]] = {}  # key -> (rate, optimistic) at _memo_version
+        self._memo_version = -1
+
+    def _root(self) -> "Acceptance":
+        return self if self.shared is None else self.shared
+
+    def _rates(self, key: tuple) -> tuple[float, float]:
+        """(rate, optimistic) of ``key``, memoised until the next record (the planner asks for
+        the same few keys hundreds of times per step)."""
+        version = self._root().version
+        if version != self._memo_version:
+            self._memo.clear()
+            self._memo_version = version
+        out = self._memo.get(key)
+        if out is None:
+            base = self.shared.rate(key) if self.shared is not None else self.cfg.prior
+            w = self.cfg.prior_weight
+            n = self.trials.get(key, 0.0) + w
+            p = (self.hits.get(key, 0.0) + base * w) / n
+            out = self._memo[key] = (p, min(p + self.cfg.explore * (p * (1 - p) / n) ** 0.5, 0.99))
+        return out
 
     def rate(self, key: tuple) -> float:
-        base = self.shared.rate(key) if self.shared is not None else self.cfg.prior
-        w = self.cfg.prior_weight
-        return (self.hits.get(key, 0.0) + base * w) / (self.trials.get(key, 0.0) + w)
+        return self._rates(key)[0]
 
     def optimistic(self, key: tuple) -> float:
         """The rate plus ``explore`` standard errors: what the planner plans with, so that
         rarely tried drafts get tried (and learned) instead of being ruled out by the prior."""
-        p = self.rate(key)
-        n = self.trials.get(key, 0.0) + self.cfg.prior_weight
-        return min(p + self.cfg.explore * (p * (1 - p) / n) ** 0.5, 0.99)
+        return self._rates(key)[1]
 
     def record(self, key: tuple, hit: bool) -> None:
         d = self.cfg.decay
@@ -87,6 +105,8 @@ class Acceptance:
         self.trials[key] = d * self.trials.get(key, 0.0) + 1.0
         if self.shared is not None:
             self.shared.record(key, hit)
+        else:
+            self.version += 1
 
 
 def node_keys(tree: StepTree, node: int, streak: bool = False) -> list[tuple]:

@@ -44,6 +44,12 @@ class StepCost:
     long_tokens: list[int] = field(default_factory=list)  # step tokens measured at long_context
     long_ms: list[float] = field(default_factory=list)  # their forward time there
 
+    def __post_init__(self):
+        # the planner asks for the same few values thousands of times per step: memoised per
+        # step-token count (plain attributes, not fields: not in asdict / the cache file)
+        self._curve_memo: dict[int, float] = {}
+        self._slope_memo: dict[int, float] = {}
+
     def __call__(self, step_tokens: list[int], contexts: Optional[list[int]] = None) -> float:
         """Predicted ms of a forward whose sequences send ``step_tokens`` tokens each, over
         ``contexts`` committed tokens each (None: the measured ``context``)."""
@@ -56,11 +62,18 @@ class StepCost:
 
     def attention_slope(self, t: int) -> float:
         """What ``long_context - context`` more committed tokens add to a step of ``t`` tokens."""
-        long = self._interp(self.long_tokens, self.long_ms, t)
-        return max(0.0, long - self._interp(self.long_tokens, [self.curve(x) for x in self.long_tokens], t))
+        out = self._slope_memo.get(t)
+        if out is None:
+            long = self._interp(self.long_tokens, self.long_ms, t)
+            out = max(0.0, long - self._interp(self.long_tokens, [self.curve(x) for x in self.long_tokens], t))
+            self._slope_memo[t] = out
+        return out
 
     def curve(self, total: int) -> float:
-        return self._interp(self.tokens, self.ms, total)
+        out = self._curve_memo.get(total)
+        if out is None:
+            out = self._curve_memo[total] = self._interp(self.tokens, self.ms, total)
+        return out
 
     @staticmethod
     def _interp(ts: list[int], ms: list[float], total: int) -> float:
