@@ -31,8 +31,10 @@ def test_greedy_identical_to_transformers_generate(smol, smol_prompts, hf_smol):
 
 
 def test_triton_backend_same_greedy_tokens(smol, smol_prompts):
-    """--kernel triton (interpreted here: slow, so few tokens) against --kernel torch on the
-    default model: decode steps and lookahead+pld trees through the Triton kernels."""
+    """--kernel triton (interpreted here: slow, so few tokens and a small window) against
+    --kernel torch on the default model: prefill, decode steps and lookahead+pld trees (window,
+    pool n-grams and prompt lookup under one mask) through the Triton kernels."""
+    from decoding import LookaheadConfig
     from decoding.methods import make_proposer
     from models.loader import load_model
 
@@ -40,7 +42,9 @@ def test_triton_backend_same_greedy_tokens(smol, smol_prompts):
     triton_model, _ = load_model(backend="triton")
     p = smol_prompts[0]
     ref = generate(model, [p], max_new_tokens=8).pop().output_ids
-    assert generate(triton_model, [p], make_proposer("lookahead+pld"), max_new_tokens=8).pop().output_ids == ref
+    small = LookaheadConfig(window=3, ngram=3, guesses=3)
+    out = generate(triton_model, [p], make_proposer("lookahead+pld", config=small), max_new_tokens=8).pop()
+    assert out.output_ids == ref and out.stats.step_tokens > 2 * out.stats.forwards  # trees were sent
 
 
 def test_tuned_products_change_no_greedy_token(smol, smol_prompts):
