@@ -24,6 +24,22 @@ def chain(n: int, source: int = PLD) -> StepTree:
     return t
 
 
+def test_rates_follow_every_record_of_any_sequence():
+    """Rates are memoised between records; a record of this sequence or of another one (the
+    shared estimate it is smoothed towards) must show at once."""
+    plan = Planner(linear_cost(10.0, 1.0), PlannerConfig(prior=0.4, learn_overhead=False, explore=0.0, decay=1.0))
+    a, b = plan.acceptance(0), plan.acceptance(1)
+    key = (PLD, 1, 0, False)
+    assert a.rate(key) == b.rate(key) == pytest.approx(0.4)
+    a.record(key, True)  # a: (1 + shared * 2) / 3, shared: (1 + .4 * 2) / 3 = .6
+    assert plan.shared.rate(key) == pytest.approx(0.6)
+    assert a.rate(key) == pytest.approx((1 + 0.6 * 2) / 3)
+    assert b.rate(key) == pytest.approx(0.6)  # b has no trials: the shared estimate, updated
+    b.record(key, False)  # shared: (1 + .8) / 4 = .45
+    assert a.rate(key) == pytest.approx((1 + 0.45 * 2) / 3)
+    assert b.rate(key) == pytest.approx((0 + 0.45 * 2) / 3)
+
+
 def test_node_probs_multiply_along_paths_and_rank():
     t = chain(3)
     t.add_chain([7], POOL)  # a second child of the root: rank 1

@@ -3,6 +3,7 @@ cost model (models/cost.py)."""
 
 import json
 import warnings
+from dataclasses import asdict, fields
 
 import pytest
 import torch
@@ -136,6 +137,19 @@ def test_step_cost_interpolates():
     assert c([16]) == 36.0  # past the grid: the last slope (2 ms a token)
     assert c([1, 1, 2]) == c.curve(4) + 2 * 1.5 == 15.0  # total tokens plus each extra sequence
     assert c.relative(8) == 2.0
+
+
+def test_step_cost_memoises_per_token_count(monkeypatch):
+    """The planner asks the curve for the same few token counts thousands of times a step:
+    each count is interpolated once; the memo is not part of the cached fields."""
+    c = StepCost([1, 16], [10.0, 25.0], 2.0, 256, 1024, [1, 16], [14.0, 30.0])
+    calls = []
+    real = StepCost._interp
+    monkeypatch.setattr(StepCost, "_interp", staticmethod(lambda ts, ms, t: calls.append(t) or real(ts, ms, t)))
+    first = [c([t], [1024]) for t in (1, 4, 16)]
+    n = len(calls)
+    assert [c([t], [1024]) for t in (1, 4, 16)] * 3 == first * 3 and len(calls) == n
+    assert set(asdict(c)) == {f.name for f in fields(StepCost)}
 
 
 def test_step_cost_grows_with_each_sequences_committed_length():
