@@ -14,6 +14,9 @@ Forms:
                 (the single-column product falls back to the slow GEMV).
   * ``packed``  oneDNN's linear on a copy of W packed for it (CPU only): costs a second copy of
                 the weight, so models/tune.py offers it only within a memory budget.
+  * ``skinny``  kernels/skinny.py: a hand-written AVX2 kernel for few rows on W itself (x86 CPU,
+                fp32, built with the system C compiler; offered only where it builds). A row's
+                result does not depend on the step's rows.
 """
 
 from dataclasses import dataclass, field
@@ -23,8 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.skinny import skinny_linear
+
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # row counts a table has a form for (more: the last)
-FORMS = ("linear", "wxt", "packed")
+FORMS = ("linear", "wxt", "packed", "skinny")
 
 
 def bucket(m: int) -> int:
@@ -64,6 +69,8 @@ def product(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
         return y.add_(bias) if bias is not None else y
     if form == "packed":
         return torch.ops.mkldnn._linear_pointwise(x, plan.packed, bias, "none", [], "")
+    if form == "skinny":
+        return skinny_linear(x.contiguous(), weight, bias)
     raise ValueError(f"unknown product form {form!r}; known: {', '.join(FORMS)}")
 
 

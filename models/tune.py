@@ -14,7 +14,8 @@ one of them, so a choice is never slower than cuBLAS as measured.
 
 Memory: the ``packed`` form needs a second copy of the weight (oneDNN's layout), so the whole
 model's weights once more. ``extra_weight_memory``: "auto" allows it when the weights take at
-most 2 GiB (the default model: +0.54 GB in fp32), "on" always, "off" never.
+most 2 GiB (the default model: +0.54 GB in fp32), "on" always, "off" never. The ``skinny``
+form (kernels/skinny.py, x86 CPUs with a C compiler, fp32) reads the weight itself: no memory.
 """
 
 import hashlib
@@ -86,7 +87,10 @@ def tune_model(model, cache_dir: Path | str, extra_weight_memory: str = "auto", 
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     packed_ok = (dev.type == "cpu" and torch.backends.mkldnn.is_available()
                  and (extra_weight_memory == "on" or (extra_weight_memory == "auto" and weight_bytes <= AUTO_LIMIT)))
-    forms = ["linear", "wxt"] + (["packed"] if packed_ok else [])
+    from kernels import skinny
+
+    skinny_ok = dev.type == "cpu" and dtype == torch.float32 and skinny.available()
+    forms = ["linear", "wxt"] + (["packed"] if packed_ok else []) + (["skinny"] if skinny_ok else [])
     shapes = sorted({_shape_key(w, b) for _, w, b, _ in prods})
     key = {"version": VERSION, "device": device_name(dev), "threads": torch.get_num_threads(), "torch": torch.__version__,
            "dtype": str(dtype), "shapes": shapes, "forms": forms, "buckets": list(BUCKETS)}

@@ -10,11 +10,13 @@ import torch
 import torch.nn.functional as F
 
 from helpers import ours_from_hf, tiny_hf_model
+from kernels import skinny
 from models.cost import StepCost, step_cost
 from models.linear import BUCKETS, ProductPlan, bucket, pack, product
 from models.tune import tune_model
 
-FORMS = ["linear", "wxt"] + (["packed"] if torch.backends.mkldnn.is_available() else [])
+FORMS = (["linear", "wxt"] + (["packed"] if torch.backends.mkldnn.is_available() else [])
+         + (["skinny"] if skinny.available() else []))
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -48,43 +50,12 @@ def tiny():
     return ours_from_hf(tiny_hf_model("llama", seed=3)).model
 
 
-def test_tune_measures_once_then_reads_the_cache(tiny, tmp_path, monkeypatch):
+def _timed_forms(monkeypatch):
+    """(make, rounds): make(times) is a timer that runs fn and returns times(form, round of that form) for the
+    form that fn used; ``rounds`` counts the timed rounds of each form."""
     import models.tune as tune
 
-    seen = []
-
-    def timer(fn, reps):
-        seen.append(1)
-        fn()
-        return 1.0 if len(seen) % 2 == 0 else 2.0  # of the two forms ("off": no packed), wxt always wins
-
-    tables = tune_model(tiny, tmp_path, "off", timer=timer)
-    assert seen and all(t == ["wxt"] * len(BUCKETS) for t in tables.values())
-    assert tiny.layers[0].wqkv.plan.table == ["wxt"] * len(BUCKETS) and tiny.head_plan is not None
-    n = len(seen)
-    assert tune_model(tiny, tmp_path, "off", timer=timer) == tables and len(seen) == n  # from the cache
-    files = list((tmp_path / "tune").glob("*.json"))
-    assert len(files) == 1
-    files[0].write_text("{ not json")
-    with pytest.warns(UserWarning, match="unreadable"):
-        tune_model(tiny, tmp_path, "off", timer=timer)
-    assert len(seen) > n
-    data = json.loads(files[0].read_text())
-    data["key"]["device"] = "some other machine"
-    files[0].write_text(json.dumps(data))
-    n = len(seen)
-    with pytest.warns(UserWarning, match="another setup"):
-        tune_model(tiny, tmp_path, "off", timer=timer)
-    assert len(seen) > n
-
-
-def test_tune_slow_spell_does_not_decide(tiny, tmp_path, monkeypatch):
-    """The forms of a bucket are timed in interleaved rounds and each keeps its fastest: a slow
-    spell over the first rounds of the fastest form (as after a model load) does not hand the
-    bucket to another form."""
-    import models.tune as tune
-
-    forms_seen = []
+    forms_seen, rounds = [], {}
     real_product = tune.product
 
     def spy(x, w, b, plan, form=None):
@@ -92,20 +63,69 @@ def test_tune_slow_spell_does_not_decide(tiny, tmp_path, monkeypatch):
         return real_product(x, w, b, plan, form)
 
     monkeypatch.setattr(tune, "product", spy)
-    rounds = {"linear": 0, "wxt": 0}
 
-    def timer(fn, reps):
-        forms_seen.clear()
-        fn()
-        form = forms_seen[-1]
-        rounds[form] += 1
-        if form == "linear":
-            return 2.0
-        return 50.0 if rounds[form] % 5 in (1, 2) else 1.0  # wxt: slow in two of every five rounds
+    def make(times):
+        def timer(fn, reps):
+            forms_seen.clear()
+            fn()
+            form = forms_seen[-1]
+            rounds[form] = rounds.get(form, 0) + 1
+            return times(form, rounds[form])
+        return timer
+    return make, rounds
+
+
+def test_tune_measures_once_then_reads_the_cache(tiny, tmp_path, monkeypatch):
+    make, rounds = _timed_forms(monkeypatch)
+    timer = make(lambda form, r: 1.0 if form == "wxt" else 2.0)
+    seen = rounds  # timed rounds per form
+    tables = tune_model(tiny, tmp_path, "off", timer=timer)
+    assert seen and all(t == ["wxt"] * len(BUCKETS) for t in tables.values())
+    assert tiny.layers[0].wqkv.plan.table == ["wxt"] * len(BUCKETS) and tiny.head_plan is not None
+    n = sum(seen.values())
+    assert tune_model(tiny, tmp_path, "off", timer=timer) == tables and sum(seen.values()) == n  # from the cache
+    files = list((tmp_path / "tune").glob("*.json"))
+    assert len(files) == 1
+    files[0].write_text("{ not json")
+    with pytest.warns(UserWarning, match="unreadable"):
+        tune_model(tiny, tmp_path, "off", timer=timer)
+    assert sum(seen.values()) > n
+    data = json.loads(files[0].read_text())
+    data["key"]["device"] = "some other machine"
+    files[0].write_text(json.dumps(data))
+    n = sum(seen.values())
+    with pytest.warns(UserWarning, match="another setup"):
+        tune_model(tiny, tmp_path, "off", timer=timer)
+    assert sum(seen.values()) > n
+
+
+def test_tune_slow_spell_does_not_decide(tiny, tmp_path, monkeypatch):
+    """The forms of a bucket are timed in interleaved rounds and each keeps its fastest: a slow
+    spell over the first rounds of the fastest form (as after a model load) does not hand the
+    bucket to another form."""
+    make, rounds = _timed_forms(monkeypatch)
+    # wxt is the fastest but slow in two of every five rounds; every other form takes 2.0
+    timer = make(lambda form, r: (50.0 if r % 5 in (1, 2) else 1.0) if form == "wxt" else 2.0)
 
     tables = tune_model(tiny, tmp_path, "off", reps=5, timer=timer)
     assert all(t == ["wxt"] * len(BUCKETS) for t in tables.values())
-    assert rounds["linear"] == rounds["wxt"] == 5 * len(BUCKETS) * len(tables)
+    assert set(rounds.values()) == {5 * len(BUCKETS) * len(tables)}
+
+
+@pytest.mark.skipif(not skinny.available(), reason=f"skinny kernel: {skinny.unavailable_reason()}")
+def test_skinny_form_is_offered_where_it_builds(tiny, tmp_path, monkeypatch):
+    """On an x86 CPU in fp32 the hand-written kernel is a candidate even with no memory to
+    spare (it reads the weight itself), it wins where it measures fastest, and it is not a
+    candidate where it is unavailable."""
+    make, rounds = _timed_forms(monkeypatch)
+    tables = tune_model(tiny, tmp_path, "off", timer=make(lambda form, r: 1.0 if form == "skinny" else 2.0))
+    assert set(rounds) == {"linear", "wxt", "skinny"}
+    assert all(t == ["skinny"] * len(BUCKETS) for t in tables.values())
+    assert tiny.layers[0].wqkv.plan.packed is None  # no second copy of the weight
+    rounds.clear()
+    monkeypatch.setattr(skinny, "available", lambda: False)
+    tables = tune_model(tiny, tmp_path, "off", timer=make(lambda form, r: 1.0 if form == "wxt" else 2.0))
+    assert set(rounds) == {"linear", "wxt"} and all(t == ["wxt"] * len(BUCKETS) for t in tables.values())
 
 
 def test_tuned_model_gives_the_same_logits(tiny, tmp_path):
