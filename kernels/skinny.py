@@ -38,6 +38,7 @@ FLAGS = ["-O3", "-std=c11", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
+_tag: Optional[str] = None  # of the built library: source, flags, compiler
 _reason: Optional[str] = None
 _tried = False
 
@@ -64,7 +65,7 @@ def _cpu_ok() -> Optional[str]:
     return None
 
 
-def _build() -> ctypes.CDLL:
+def _build() -> tuple[ctypes.CDLL, str]:
     cc = _compiler()
     if cc is None:
         raise RuntimeError("no C compiler found ($CC, cc, gcc)")
@@ -87,12 +88,11 @@ def _build() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(out))
     lib.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     lib.skinny_linear.restype = None
-    lib.skinny_tile_rows.restype = ctypes.c_int
-    return lib
+    return lib, tag
 
 
 def _load() -> Optional[ctypes.CDLL]:
-    global _lib, _reason, _tried
+    global _lib, _reason, _tried, _tag
     if _tried:
         return _lib
     with _lock:
@@ -103,7 +103,7 @@ def _load() -> Optional[ctypes.CDLL]:
                 _reason = _cpu_ok()
                 if _reason is None:
                     try:
-                        _lib = _build()
+                        _lib, _tag = _build()
                     except (RuntimeError, OSError, subprocess.SubprocessError) as e:
                         _reason = f"could not build {SOURCE.name}: {e}"
             _tried = True
@@ -113,6 +113,13 @@ def _load() -> Optional[ctypes.CDLL]:
 def available() -> bool:
     """Whether the kernel runs here (builds it on the first call)."""
     return _load() is not None
+
+
+def build_tag() -> Optional[str]:
+    """Hash of the built kernel's source, flags and compiler (None when unavailable): a tuning
+    table measured with another build is measured again."""
+    _load()
+    return _tag
 
 
 def unavailable_reason() -> Optional[str]:

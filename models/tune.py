@@ -94,6 +94,8 @@ def tune_model(model, cache_dir: Path | str, extra_weight_memory: str = "auto", 
     shapes = sorted({_shape_key(w, b) for _, w, b, _ in prods})
     key = {"version": VERSION, "device": device_name(dev), "threads": torch.get_num_threads(), "torch": torch.__version__,
            "dtype": str(dtype), "shapes": shapes, "forms": forms, "buckets": list(BUCKETS)}
+    if skinny_ok:
+        key["skinny"] = skinny.build_tag()
     path = Path(cache_dir) / "tune" / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
                                        + ".json")
     tables = _read_cache(path, key)

@@ -115,13 +115,20 @@ def test_tune_slow_spell_does_not_decide(tiny, tmp_path, monkeypatch):
 @pytest.mark.skipif(not skinny.available(), reason=f"skinny kernel: {skinny.unavailable_reason()}")
 def test_skinny_form_is_offered_where_it_builds(tiny, tmp_path, monkeypatch):
     """On an x86 CPU in fp32 the hand-written kernel is a candidate even with no memory to
-    spare (it reads the weight itself), it wins where it measures fastest, and it is not a
-    candidate where it is unavailable."""
+    spare (it reads the weight itself), it wins where it measures fastest, a table measured
+    with another build of it is measured again, and it is not a candidate where it is
+    unavailable."""
     make, rounds = _timed_forms(monkeypatch)
     tables = tune_model(tiny, tmp_path, "off", timer=make(lambda form, r: 1.0 if form == "skinny" else 2.0))
     assert set(rounds) == {"linear", "wxt", "skinny"}
     assert all(t == ["skinny"] * len(BUCKETS) for t in tables.values())
     assert tiny.layers[0].wqkv.plan.packed is None  # no second copy of the weight
+    n = sum(rounds.values())
+    tune_model(tiny, tmp_path, "off", timer=make(lambda form, r: 1.0))
+    assert sum(rounds.values()) == n  # cached
+    monkeypatch.setattr(skinny, "build_tag", lambda: "another build of the kernel")
+    tune_model(tiny, tmp_path, "off", timer=make(lambda form, r: 1.0))
+    assert sum(rounds.values()) > n  # a table measured with another build is measured again
     rounds.clear()
     monkeypatch.setattr(skinny, "available", lambda: False)
     tables = tune_model(tiny, tmp_path, "off", timer=make(lambda form, r: 1.0 if form == "wxt" else 2.0))

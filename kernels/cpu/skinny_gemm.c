@@ -1,9 +1,15 @@
 /* y = x @ W.T (+ b) for few rows of x, fp32, AVX2 + FMA, OpenMP over the rows of W.
  *
  * x (M, K), W (N, K) and y (M, N) are contiguous and row-major; W is nn.Linear's own weight,
- * so no second copy of it is made. The rows of W are taken NB at a time (a tile stays in L1
- * while every row of x passes over it) and x up to MB rows at a time, with one 8-lane
- * accumulator per (row of x, row of W): W is read from memory once per call whatever M is.
+ * so no second copy of it is made. W is read from memory once per call whatever M is: its rows
+ * are taken C at a time (a tile, which stays in L1 while every row of x passes over it, with
+ * one 8-lane accumulator per (row of x, row of W)), and x R rows at a time:
+ *   M = 1: 1 x 8 tiles (memory-bound: many rows of W in flight);
+ *   M = 2, 3: 2 x 6 and 1 x 6;
+ *   M >= 4: 4 x 3 tiles (12 accumulators + 3 rows of W + 1 of x = the 16 AVX2 registers,
+ *           7 loads per 12 FMAs), the rest of M in 3 x 3, 2 x 3, 1 x 3;
+ * while a tile is computed, the next tile's rows are prefetched (M >= 2). OpenMP threads take
+ * contiguous ranges of tiles.
  *
  * Every output y[m, n] is computed by the same sequence of operations whatever M, m and the
  * tile it falls in: acc = fma(x[m, k:k+8], W[n, k:k+8], acc) for k = 0, 8, ... ascending,
@@ -15,13 +21,6 @@
 #include <stdint.h>
 #include <omp.h>
 
-#ifndef NB
-#define NB 6 /* rows of W per tile */
-#endif
-#ifndef MB
-#define MB 2 /* rows of x per tile, at most */
-#endif
-
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -29,28 +28,30 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* MB rows of x (from x, stride K) times the NB rows of W in w[] -> y (stride N), columns n..n+nb-1 */
-#define TILE(R)                                                                                          \
-    static inline void tile##R(const float *x, const float *const *w, const float *b, float *y,         \
-                                int64_t N, int64_t K, int64_t n, int nb) {                               \
-        __m256 acc[R][NB];                                                                               \
+/* R rows of x (from x, stride K) times the C rows of W in w[] -> y (stride N), columns n..n+nc-1 */
+#define TILE(R, C)                                                                                        \
+    static inline void tile_##R##x##C(const float *x, const float *const *w, const float *b, float *y,   \
+                                      int64_t N, int64_t K, int64_t n, int nc, int64_t pf) {             \
+        __m256 acc[R][C];                                                                                 \
         _Pragma("GCC unroll 8") for (int i = 0; i < R; i++)                                              \
-            _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) acc[i][j] = _mm256_setzero_ps();         \
+            _Pragma("GCC unroll 8") for (int j = 0; j < C; j++) acc[i][j] = _mm256_setzero_ps();          \
         const int64_t K8 = K & ~(int64_t)7;                                                               \
         for (int64_t k = 0; k < K8; k += 8) {                                                             \
-            __m256 wv[NB];                                                                                \
-            _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) wv[j] = _mm256_loadu_ps(w[j] + k);       \
-            _Pragma("GCC unroll 8") for (int i = 0; i < R; i++) {                                        \
+            __m256 wv[C];                                                                                 \
+            _Pragma("GCC unroll 8") for (int j = 0; j < C; j++) wv[j] = _mm256_loadu_ps(w[j] + k);        \
+            if (pf && !(k & 15))                                                                          \
+                _Pragma("GCC unroll 8") for (int j = 0; j < C; j++) _mm_prefetch((const char *)(w[j] + k + pf), _MM_HINT_T0); \
+            _Pragma("GCC unroll 8") for (int i = 0; i < R; i++) {                                         \
                 const __m256 xv = _mm256_loadu_ps(x + i * K + k);                                         \
-                _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++)                                      \
+                _Pragma("GCC unroll 8") for (int j = 0; j < C; j++)                                       \
                     acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);                                    \
             }                                                                                             \
         }                                                                                                 \
-        float sum[R][NB]; /* constant indices above keep acc in registers */                             \
+        float sum[R][C]; /* constant indices above keep acc in registers */                              \
         _Pragma("GCC unroll 8") for (int i = 0; i < R; i++)                                              \
-            _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) sum[i][j] = hsum8(acc[i][j]);            \
-        for (int i = 0; i < R; i++)                                                                      \
-            for (int j = 0; j < nb; j++) {                                                                \
+            _Pragma("GCC unroll 8") for (int j = 0; j < C; j++) sum[i][j] = hsum8(acc[i][j]);             \
+        for (int i = 0; i < R; i++)                                                                       \
+            for (int j = 0; j < nc; j++) {                                                                \
                 float s = sum[i][j];                                                                      \
                 for (int64_t k = K8; k < K; k++) s += x[i * K + k] * w[j][k];                            \
                 if (b) s += b[n + j];                                                                     \
@@ -58,36 +59,53 @@ static inline float hsum8(__m256 v) {
             }                                                                                             \
     }
 
-TILE(1)
-TILE(2)
-TILE(3)
+/* few rows (M < 4): wide tiles of W, many rows of W in flight per thread (memory-bound) */
+#define WIDE 8
+TILE(1, 8)
+TILE(2, 6)
+TILE(1, 6)
+/* more rows: 4 x 3 tiles, 12 accumulators + 3 W + 1 x registers: 7 loads per 12 FMAs */
+#define NARROW 3
+TILE(4, 3)
+TILE(3, 3)
+TILE(2, 3)
+TILE(1, 3)
+
+/* rows n0..n1 of W (n0 a multiple of C = tile_cols(M)) */
+static int tile_cols(int64_t M) { return M == 1 ? WIDE : M < 4 ? 6 : NARROW; }
 
 static void rows(const float *x, const float *W, const float *b, float *y, int64_t M, int64_t N, int64_t K,
                  int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; n += NB) {
-        const int nb = n1 - n < NB ? (int)(n1 - n) : NB;
-        const float *w[NB];
-        for (int j = 0; j < NB; j++) w[j] = W + (n + (j < nb ? j : 0)) * K; /* a short tile repeats row n */
+    const int C = tile_cols(M);
+    for (int64_t n = n0; n < n1; n += C) {
+        const int nc = n1 - n < C ? (int)(n1 - n) : C;
+        const float *w[WIDE];
+        for (int j = 0; j < WIDE; j++) w[j] = W + (n + (j < nc ? j : 0)) * K; /* past the tile: row n again */
+        const int64_t PF = n + 2 * C <= n1 ? C * K : 0; /* the next tile's rows, while it is ours */
         int64_t m = 0;
-#if MB >= 3
-        for (; m + 3 <= M; m += 3) tile3(x + m * K, w, b, y + m * N, N, K, n, nb);
-#endif
-        for (; m + 2 <= M; m += 2) tile2(x + m * K, w, b, y + m * N, N, K, n, nb);
-        if (m < M) tile1(x + m * K, w, b, y + m * N, N, K, n, nb);
+        if (M == 1) {
+            tile_1x8(x, w, b, y, N, K, n, nc, 0); /* one row: the hardware prefetcher keeps up */
+        } else if (M < 4) {
+            for (; m + 2 <= M; m += 2) tile_2x6(x + m * K, w, b, y + m * N, N, K, n, nc, m ? 0 : PF);
+            if (m < M) tile_1x6(x + m * K, w, b, y + m * N, N, K, n, nc, m ? 0 : PF);
+        } else {
+            for (; m + 4 <= M; m += 4) tile_4x3(x + m * K, w, b, y + m * N, N, K, n, nc, m ? 0 : PF);
+            if (M - m == 3) tile_3x3(x + m * K, w, b, y + m * N, N, K, n, nc, m ? 0 : PF);
+            else if (M - m == 2) tile_2x3(x + m * K, w, b, y + m * N, N, K, n, nc, m ? 0 : PF);
+            else if (M - m == 1) tile_1x3(x + m * K, w, b, y + m * N, N, K, n, nc, m ? 0 : PF);
+        }
     }
 }
 
-int skinny_tile_rows(void) { return NB; }
-
 void skinny_linear(const float *x, const float *W, const float *b, float *y, int64_t M, int64_t N, int64_t K,
                    int threads) {
-    const int64_t tiles = (N + NB - 1) / NB;
+    const int64_t C = tile_cols(M), tiles = (N + C - 1) / C;
     if (threads > tiles) threads = (int)tiles;
     if (threads < 1) threads = 1;
 #pragma omp parallel num_threads(threads)
     {
         const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-        const int64_t n0 = tiles * t / nt * NB, n1e = tiles * (t + 1) / nt * NB;
+        const int64_t n0 = tiles * t / nt * C, n1e = tiles * (t + 1) / nt * C;
         const int64_t n1 = n1e < N ? n1e : N;
         if (n0 < n1) rows(x, W, b, y, M, N, K, n0, n1);
     }
