@@ -163,6 +163,9 @@ def main(argv=None) -> int:
     head["model"] = bench.model_line
     head["model loads"] = bench.loads_line()  # wall time and memory peak of each load
     head["loads"] = bench.loads
+    from models.tune import describe
+
+    head["products"] = describe(bench.model)
     if bench.cost is not None:
         cost = bench.cost
         head["step cost"] = (f"forward ms at T step tokens (batch 1, context {cost.context}): "

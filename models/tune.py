@@ -156,3 +156,26 @@ def _measure(prods, forms, reps, timer, dev, dtype) -> dict[str, list[str]]:
             table.append(min(forms, key=lambda f: times[f]))
         tables[shape] = table
     return tables
+
+
+def describe(model) -> str:
+    """One line: the forms the model's products use, per row bucket (e.g. for a benchmark's
+    header), and why the skinny kernel is not offered where it is not."""
+    from kernels import skinny
+
+    plans = [p for p in (getattr(m, "plan", None) for m in model.modules()) if p is not None]
+    if model.head_plan is not None:
+        plans.append(model.head_plan)
+    if not plans:
+        return "untuned (every product plain F.linear)"
+    parts = []
+    for i, b in enumerate(BUCKETS):
+        counts: dict[str, int] = {}
+        for p in plans:
+            counts[p.table[i]] = counts.get(p.table[i], 0) + 1
+        parts.append(f"{b}: " + "/".join(f"{f}" + (f" x{n}" if len(counts) > 1 else "")
+                                         for f, n in sorted(counts.items(), key=lambda kv: -kv[1])))
+    line = "forms by rows (products per form): " + ", ".join(parts)
+    if model.device.type == "cpu" and not skinny.available():
+        line += f"; skinny kernel not offered: {skinny.unavailable_reason()}"
+    return line

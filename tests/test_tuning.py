@@ -135,6 +135,19 @@ def test_skinny_form_is_offered_where_it_builds(tiny, tmp_path, monkeypatch):
     assert set(rounds) == {"linear", "wxt"} and all(t == ["wxt"] * len(BUCKETS) for t in tables.values())
 
 
+def test_describe_names_the_forms_per_bucket(tiny, tmp_path, monkeypatch):
+    from models.tune import describe
+
+    assert describe(tiny).startswith("untuned")
+    make, _ = _timed_forms(monkeypatch)
+    tune_model(tiny, tmp_path, "off", timer=make(lambda form, r: 1.0 if form == "wxt" else 2.0))
+    line = describe(tiny)
+    assert line.startswith("forms by rows") and "1: wxt, 2: wxt" in line and "64: wxt" in line
+    monkeypatch.setattr(skinny, "available", lambda: False)
+    monkeypatch.setattr(skinny, "unavailable_reason", lambda: "no C compiler found")
+    assert describe(tiny).endswith("skinny kernel not offered: no C compiler found")
+
+
 def test_tuned_model_gives_the_same_logits(tiny, tmp_path):
     from models.runner import ModelRunner, StepInput
 
