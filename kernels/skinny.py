@@ -33,8 +33,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-SOURCE = Path(__file__).with_name("cpu") / "skinny_gemm.c"
+SOURCES = [Path(__file__).with_name("cpu") / f for f in ("skinny_gemm.c", "skinny_attention.c")]
 FLAGS = ["-O3", "-std=c11", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
+LIBS = ["-lm"]
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
@@ -70,17 +71,18 @@ def _build() -> tuple[ctypes.CDLL, str]:
     if cc is None:
         raise RuntimeError("no C compiler found ($CC, cc, gcc)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    src = SOURCE.read_bytes()
-    tag = hashlib.sha256(src + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
+    src = b"".join(f.read_bytes() for f in SOURCES)
+    tag = hashlib.sha256(src + " ".join(FLAGS + LIBS).encode() + version.encode()).hexdigest()[:16]
     out = _cache_dir() / f"skinny_gemm-{tag}.so"
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)  # built aside, renamed: safe for parallel builds
         os.close(fd)
         try:
-            r = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=120)
+            r = subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-o", tmp, *LIBS], capture_output=True, text=True,
+                               timeout=120)
             if r.returncode != 0:
-                raise RuntimeError(f"{cc} failed on {SOURCE.name}: {r.stderr.strip()[-2000:]}")
+                raise RuntimeError(f"{cc} failed on {', '.join(f.name for f in SOURCES)}: {r.stderr.strip()[-2000:]}")
             os.replace(tmp, out)
         finally:
             if os.path.exists(tmp):
@@ -88,6 +90,10 @@ def _build() -> tuple[ctypes.CDLL, str]:
     lib = ctypes.CDLL(str(out))
     lib.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     lib.skinny_linear.restype = None
+    lib.skinny_attention.argtypes = ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_int] * 4 + [ctypes.c_void_p] * 3
+                                     + [ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float,
+                                        ctypes.c_void_p, ctypes.c_int])
+    lib.skinny_attention.restype = ctypes.c_int
     return lib, tag
 
 
@@ -105,7 +111,7 @@ def _load() -> Optional[ctypes.CDLL]:
                     try:
                         _lib, _tag = _build()
                     except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-                        _reason = f"could not build {SOURCE.name}: {e}"
+                        _reason = f"could not build the CPU kernels: {e}"
             _tried = True
     return _lib
 
@@ -158,3 +164,61 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
 def skinny_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The reference: the same product in float64, rounded to float32."""
     return F.linear(x.double(), weight.double(), None if bias is None else bias.double()).float()
+
+
+MAX_GROUP = 16  # query heads per kv head the attention kernel takes
+
+
+def skinny_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_ids: torch.Tensor,
+                     length: int, mask: Optional[torch.Tensor] = None, causal: bool = False,
+                     scale: Optional[float] = None, threads: Optional[int] = None) -> torch.Tensor:
+    """Attention of one sequence's T step rows over its first ``length`` keys in a layer's
+    paged cache, fp32 CPU: q (T, H, D) (rows may be strided, heads and dims contiguous),
+    k_cache / v_cache (num_blocks, block_size, KV, D) contiguous, block_ids (>= ceil(length /
+    block_size),) int32 physical blocks, mask (T, length) bool visibility (None: all visible,
+    or with ``causal`` row t sees keys j <= t + length - T). -> (T, H, D). A row with no
+    visible key gets zeros. The reference: ``kernels.tree_attention.tree_attention_ref``."""
+    if _load() is None:
+        raise RuntimeError(f"the skinny CPU kernels are unavailable: {_reason}")
+    if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(f"q must be (T, H, D) and k_cache, v_cache the same (num_blocks, block_size, KV, D), got "
+                         f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")
+    t, h, d = q.shape
+    nb, bs, kv, dk = k_cache.shape
+    if d != dk or d % 8 or h % kv or h // kv > MAX_GROUP:
+        raise ValueError(f"head_dim must match ({d} vs {dk}) and be a multiple of 8, heads a multiple of kv heads "
+                         f"with at most {MAX_GROUP} per kv head; got H={h}, KV={kv}")
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.dtype != torch.float32 or x.device.type != "cpu":
+            raise ValueError(f"{name} must be a float32 CPU tensor, got {x.dtype} on {x.device}")
+    if q.stride(2) != 1 or q.stride(1) != d or not k_cache.is_contiguous() or not v_cache.is_contiguous():
+        raise ValueError("q's heads and dims and the caches must be contiguous")
+    if length < 1:
+        raise ValueError(f"length must be >= 1, got {length}")
+    n_blk = -(-length // bs)
+    if (block_ids.dtype != torch.int32 or block_ids.dim() != 1 or not block_ids.is_contiguous()
+            or block_ids.numel() < n_blk):
+        raise ValueError(f"block_ids must be a contiguous int32 vector of at least {n_blk} blocks, got "
+                         f"{block_ids.dtype} {tuple(block_ids.shape)}")
+    used = block_ids[:n_blk]
+    if int(used.min()) < 0 or int(used.max()) >= nb:
+        raise ValueError(f"block_ids must lie in [0, {nb}) (num_blocks), got {int(used.min())}..{int(used.max())}")
+    if mask is not None and (mask.dtype != torch.bool or mask.shape != (t, length) or not mask.is_contiguous()):
+        raise ValueError(f"mask must be a contiguous bool ({t}, {length}) tensor, got {mask.dtype} {tuple(mask.shape)}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    return attention_unchecked(q, k_cache, v_cache, block_ids, length, mask, causal, d ** -0.5 if scale is None else scale,
+                               threads)
+
+
+def attention_unchecked(q, k_cache, v_cache, block_ids, length, mask, causal, scale, threads=None) -> torch.Tensor:
+    """``skinny_attention`` without the checks, for callers that built the arguments (kernels/torch_plan.py)."""
+    t, h, d = q.shape
+    out = torch.empty(t, h, d, dtype=torch.float32)
+    rc = _lib.skinny_attention(q.data_ptr(), q.stride(0), t, h, k_cache.shape[2], d, k_cache.data_ptr(),
+                               v_cache.data_ptr(), block_ids.data_ptr(), k_cache.shape[1], length,
+                               None if mask is None else mask.data_ptr(), int(causal), scale, out.data_ptr(),
+                               threads or torch.get_num_threads())
+    if rc != 0:
+        raise MemoryError(f"skinny_attention could not allocate its buffers (T={t}, length={length})")
+    return out

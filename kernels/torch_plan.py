@@ -3,7 +3,10 @@ step (block views or gather indices, visibility masks, the slots) is worked out 
 forward by ``plan_step`` instead of once per layer (30 times for the default model).
 
 ``tree_attention_ref`` and ``kv_store_ref`` stay the readable definitions (layout:
-``kernels/__init__``); tests hold this path to them.
+``kernels/__init__``); tests hold this path to them. On an x86 CPU in fp32 a sequence's step of
+at most ``SMALL_ROWS`` rows is attended by the skinny C kernel (kernels/skinny.py: reads the
+paged blocks in place, no gather, no SDPA call per sequence); prefill and other dtypes or
+devices by SDPA.
 """
 
 from dataclasses import dataclass
@@ -11,7 +14,12 @@ from typing import Optional
 
 import torch
 
+from kernels import skinny
 from kernels.mask import unpack_mask
+
+# Steps of at most this many rows per sequence go to the skinny CPU attention kernel (fp32, x86
+# with a C compiler: kernels/skinny.py); longer ones (prefill) and everything else to SDPA.
+SMALL_ROWS = 64
 
 
 @dataclass
@@ -24,6 +32,7 @@ class SeqPlan:
     n_blk: int
     mask: Optional[torch.Tensor]  # (T, length) bool visibility; None = every key visible
     causal: bool  # SDPA's own causal rule (a whole causal prefill without a prefix)
+    block_ids: Optional[torch.Tensor] = None  # (n_blk,) int32 physical blocks (CPU: the skinny kernel's input)
 
 
 @dataclass
@@ -68,7 +77,8 @@ def plan_step(cu_seqlens_q: torch.Tensor, positions: torch.Tensor, block_tables:
             k_pos = torch.cat([torch.arange(C, device=dev), q_pos])
             in_window = (q_pos[:, None] - k_pos[None, :]) < sliding_window
             vis = in_window if vis is None else vis & in_window
-        seqs.append(SeqPlan(s, e, L, first, blocks, n_blk, vis, sdpa_causal))
+        ids = torch.tensor(row, dtype=torch.int32) if dev.type == "cpu" and T <= SMALL_ROWS else None
+        seqs.append(SeqPlan(s, e, L, first, blocks, n_blk, None if vis is None else vis.contiguous(), sdpa_causal, ids))
     slots = slot_mapping.long()
     flat = slots.tolist()
     start = flat[0] if flat and flat == list(range(flat[0], flat[0] + len(flat))) and flat[0] >= 0 else None
@@ -99,8 +109,15 @@ def attention_planned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     n_kv, head_dim = k_cache.shape[2], k_cache.shape[3]
     gqa = q.shape[1] != n_kv
     compute = torch.float32 if q.dtype != torch.float32 else None  # fp32 math, as the reference
+    small = (q.dtype == torch.float32 and q.device.type == "cpu" and head_dim % 8 == 0
+             and q.stride(2) == 1 and q.stride(1) == head_dim
+             and q.shape[1] // n_kv <= skinny.MAX_GROUP and k_cache.is_contiguous() and skinny.available())
     outs = []
     for sp in plan.seqs:
+        if small and sp.block_ids is not None and not sp.causal:
+            outs.append(skinny.attention_unchecked(q[sp.start:sp.end], k_cache, v_cache, sp.block_ids, sp.length,
+                                                   sp.mask, False, scale))
+            continue
         if sp.first_block is not None:
             k = k_cache[sp.first_block:sp.first_block + sp.n_blk]
             v = v_cache[sp.first_block:sp.first_block + sp.n_blk]

@@ -18,20 +18,38 @@ def plan_of(batch, window=None, slots=None):
                      batch.causal, batch.k_cache.shape[1], window)
 
 
+@pytest.fixture(params=["skinny", "sdpa"])
+def small_path(request, monkeypatch):
+    """Steps of few rows go to the skinny C kernel where it builds (x86, fp32); the SDPA path
+    is tested as well, with the kernel switched off."""
+    from kernels import skinny
+
+    if request.param == "skinny" and not skinny.available():
+        pytest.skip(f"skinny kernel: {skinny.unavailable_reason()}")
+    calls = []
+    real = skinny.attention_unchecked
+    monkeypatch.setattr(skinny, "attention_unchecked", lambda *a, **k: calls.append(1) or real(*a, **k))
+    if request.param == "sdpa":
+        monkeypatch.setattr(skinny, "available", lambda: False)
+    return request.param, calls
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mode", ["mixed", "masked"])
 @pytest.mark.parametrize("window", [None, 4, 17])
 @pytest.mark.parametrize("n_heads, n_kv", [(6, 2), (4, 4)])
-def test_planned_attention_equals_ref(dtype, mode, window, n_heads, n_kv):
+def test_planned_attention_equals_ref(dtype, mode, window, n_heads, n_kv, small_path):
     batch = make_batch(MIXED, n_heads, n_kv, 32, dtype, mode=mode, window=window, seed=3)
     ref = tree_attention_ref(*batch.args(), mask=batch.mask, causal=batch.causal, sliding_window=window)
     out = attention_planned(batch.q, batch.k_cache, batch.v_cache, plan_of(batch, window), 32**-0.5)
     assert out.shape == ref.shape and out.dtype == ref.dtype
     tol = TOL[dtype]
     torch.testing.assert_close(out.float(), ref.float(), atol=tol["atol"], rtol=tol["rtol"])
+    path, calls = small_path
+    assert bool(calls) == (path == "skinny" and dtype == torch.float32)
 
 
-def test_planned_attention_all_causal_and_consecutive_blocks():
+def test_planned_attention_all_causal_and_consecutive_blocks(small_path):
     seqs = [Seq(C=0, T=9), Seq(C=21, T=1), Seq(C=3, T=5)]
     batch = make_batch(seqs, 4, 2, 16, torch.float32, mode="none", block_size=4)
     # one sequence on consecutive blocks (the view path), the others shuffled (the gather path)
