@@ -214,8 +214,11 @@ def skinny_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 def attention_unchecked(q, k_cache, v_cache, block_ids, length, mask, causal, scale, threads=None) -> torch.Tensor:
     """``skinny_attention`` without the checks, for callers that built the arguments (kernels/torch_plan.py)."""
     t, h, d = q.shape
+    lib = _lib or _load()
+    if lib is None:
+        raise RuntimeError(f"the skinny CPU kernels are unavailable: {_reason}")
     out = torch.empty(t, h, d, dtype=torch.float32)
-    rc = _lib.skinny_attention(q.data_ptr(), q.stride(0), t, h, k_cache.shape[2], d, k_cache.data_ptr(),
+    rc = lib.skinny_attention(q.data_ptr(), q.stride(0), t, h, k_cache.shape[2], d, k_cache.data_ptr(),
                                v_cache.data_ptr(), block_ids.data_ptr(), k_cache.shape[1], length,
                                None if mask is None else mask.data_ptr(), int(causal), scale, out.data_ptr(),
                                threads or torch.get_num_threads())
