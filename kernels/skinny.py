@@ -33,7 +33,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-SOURCES = [Path(__file__).with_name("cpu") / f for f in ("skinny_gemm.c", "skinny_attention.c")]
+SOURCES = [Path(__file__).with_name("cpu") / f for f in ("skinny_gemm.c", "skinny_attention.c",
+                                                                       "skinny_elementwise.c")]
 FLAGS = ["-O3", "-std=c11", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
 LIBS = ["-lm"]
 
@@ -94,6 +95,10 @@ def _build() -> tuple[ctypes.CDLL, str]:
                                      + [ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float,
                                         ctypes.c_void_p, ctypes.c_int])
     lib.skinny_attention.restype = ctypes.c_int
+    lib.skinny_rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+    lib.skinny_rms_norm.restype = None
+    lib.skinny_silu_mul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+    lib.skinny_silu_mul.restype = None
     return lib, tag
 
 
@@ -224,4 +229,48 @@ def attention_unchecked(q, k_cache, v_cache, block_ids, length, mask, causal, sc
                                threads or torch.get_num_threads())
     if rc != 0:
         raise MemoryError(f"skinny_attention could not allocate its buffers (T={t}, length={length})")
+    return out
+
+
+def _check_f32(name: str, t: torch.Tensor) -> None:
+    if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous float32 CPU tensor, got {t.dtype} on {t.device}"
+                         f"{'' if t.is_contiguous() else ', not contiguous'}")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x (rows, n) / sqrt(mean(x^2) + eps) * weight (n,), fp32 CPU, one call. The reference:
+    ``torch.nn.functional.rms_norm``."""
+    if _load() is None:
+        raise RuntimeError(f"the skinny CPU kernels are unavailable: {_reason}")
+    _check_f32("x", x)
+    _check_f32("weight", weight)
+    if x.dim() != 2 or weight.shape != (x.shape[1],):
+        raise ValueError(f"x must be (rows, n) and weight (n,), got {tuple(x.shape)} and {tuple(weight.shape)}")
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    return rms_norm_unchecked(x, weight, eps)
+
+
+def rms_norm_unchecked(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    out = torch.empty_like(x)
+    _lib.skinny_rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps)
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up (rows, 2n) -> silu(gate) * up (rows, n), fp32 CPU, one call. The reference:
+    ``F.silu(g) * u`` for ``g, u = gate_up.chunk(2, -1)``."""
+    if _load() is None:
+        raise RuntimeError(f"the skinny CPU kernels are unavailable: {_reason}")
+    _check_f32("gate_up", gate_up)
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2:
+        raise ValueError(f"gate_up must be (rows, 2n), got {tuple(gate_up.shape)}")
+    return silu_mul_unchecked(gate_up)
+
+
+def silu_mul_unchecked(gate_up: torch.Tensor) -> torch.Tensor:
+    rows, n2 = gate_up.shape
+    out = torch.empty(rows, n2 // 2, dtype=torch.float32)
+    _lib.skinny_silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, n2 // 2)
     return out

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels import skinny
 from kernels.backend import Backend, StepMeta
 from models.config import ModelConfig
 from models.linear import Linear, ProductPlan, product
@@ -39,13 +40,29 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     return inv_freq
 
 
+def _skinny_ok(x: torch.Tensor) -> bool:
+    """Whether x (rows, n) goes to the skinny CPU kernels (kernels/skinny.py: x86, fp32, built)."""
+    return x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and x.is_contiguous() \
+        and skinny.available()
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.dtype == torch.float32:  # one fused op, the same arithmetic as below
+        if _skinny_ok(x) and weight.dtype == torch.float32 and weight.is_contiguous():
+            return skinny.rms_norm_unchecked(x, weight, eps)
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     # Normalise in fp32 whatever the weights' dtype: bf16 variance loses too much.
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """(T, 2I) gate and up fused -> silu(gate) * up (T, I)."""
+    if _skinny_ok(gate_up):
+        return skinny.silu_mul_unchecked(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -86,8 +103,7 @@ class Block(nn.Module):
         backend.kv_store(k_cache, v_cache, k, v, meta.slot_mapping, plan)
         o = backend.attention(q, k_cache, v_cache, meta, D**-0.5, window, plan)
         h = h + self.wo(o.reshape(T, -1))
-        gate, up = self.w_gate_up(rms_norm(h, self.mlp_norm, self.eps)).chunk(2, dim=-1)
-        return h + self.w_down(F.silu(gate) * up)
+        return h + self.w_down(silu_mul(self.w_gate_up(rms_norm(h, self.mlp_norm, self.eps))))
 
 
 class Transformer(nn.Module):

@@ -132,3 +132,65 @@ def test_attention_bad_input_is_named():
         skinny.skinny_attention(q, kc, kc, ids, 0)
     with pytest.raises(ValueError, match="float32"):
         skinny.skinny_attention(q.double(), kc, kc, ids, 10)
+
+
+# ---- elementwise steps of the forward ----------------------------------------------------------
+@pytest.mark.parametrize("n", [1, 7, 8, 29, 576])
+def test_rms_norm_matches_torch(n):
+    g = torch.Generator().manual_seed(n)
+    for rows in (1, 3, 16):
+        x = torch.randn(rows, n, generator=g) * torch.logspace(-3, 3, rows)[:, None]
+        w = torch.randn(n, generator=g)
+        torch.testing.assert_close(skinny.rms_norm(x, w, 1e-6), torch.nn.functional.rms_norm(x, (n,), w, 1e-6),
+                                   atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 29, 1536])
+def test_silu_mul_matches_torch(n):
+    """Large positive and negative gates included (the sigmoid must not overflow)."""
+    g = torch.Generator().manual_seed(n)
+    gu = torch.randn(4, 2 * n, generator=g) * torch.tensor([1.0, 10.0, 50.0, 100.0])[:, None]
+    gate, up = gu.chunk(2, -1)
+    ref = torch.nn.functional.silu(gate) * up
+    out = skinny.silu_mul(gu)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_elementwise_bad_input_is_named():
+    with pytest.raises(ValueError, match=r"weight \(n,\)"):
+        skinny.rms_norm(torch.randn(2, 8), torch.randn(7), 1e-6)
+    with pytest.raises(ValueError, match="eps must be >= 0"):
+        skinny.rms_norm(torch.randn(2, 8), torch.randn(8), -1.0)
+    with pytest.raises(ValueError, match="x must be a contiguous float32"):
+        skinny.rms_norm(torch.randn(8, 2).t(), torch.randn(8), 1e-6)
+    with pytest.raises(ValueError, match=r"gate_up must be \(rows, 2n\)"):
+        skinny.silu_mul(torch.randn(2, 7))
+
+
+def test_forward_with_and_without_the_kernels(monkeypatch):
+    """The tiny model's logits with every CPU kernel (products, attention, norms, SiLU) and
+    with none of them agree to float rounding."""
+    from helpers import ours_from_hf, tiny_hf_model
+    from models.runner import ModelRunner, StepInput
+
+    model = ours_from_hf(tiny_hf_model("llama", seed=5)).model
+    model.head_plan = None
+
+    def logits():
+        runner = ModelRunner(model, cache_tokens=64)
+        runner.add_sequence(0)
+        first = runner.step([StepInput(0, [3, 4, 5, 6, 7])])[0]
+        runner.commit({0: [0, 1, 2, 3, 4]})
+        return torch.cat([first, runner.step([StepInput(0, [8])])[0], runner.step([StepInput(0, [9, 10])])[0]])
+
+    from models.linear import BUCKETS, ProductPlan
+    for layer in model.layers:
+        for lin in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
+            lin.plan = ProductPlan(["skinny"] * len(BUCKETS))
+    with_kernels = logits()
+    for layer in model.layers:
+        for lin in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
+            lin.plan = None
+    monkeypatch.setattr(skinny, "available", lambda: False)
+    torch.testing.assert_close(with_kernels, logits(), atol=1e-4, rtol=1e-4)
