@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 SOURCES = [Path(__file__).with_name("cpu") / f for f in ("skinny_gemm.c", "skinny_attention.c",
                                                                        "skinny_elementwise.c")]
+HEADERS = [Path(__file__).with_name("cpu") / "skinny_common.h"]  # in the build hash, not on the command line
 FLAGS = ["-O3", "-std=c11", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
 LIBS = ["-lm"]
 
@@ -72,7 +73,7 @@ def _build() -> tuple[ctypes.CDLL, str]:
     if cc is None:
         raise RuntimeError("no C compiler found ($CC, cc, gcc)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    src = b"".join(f.read_bytes() for f in SOURCES)
+    src = b"".join(f.read_bytes() for f in SOURCES + HEADERS)
     tag = hashlib.sha256(src + " ".join(FLAGS + LIBS).encode() + version.encode()).hexdigest()[:16]
     out = _cache_dir() / f"skinny_gemm-{tag}.so"
     if not out.is_file():
@@ -121,6 +122,13 @@ def _load() -> Optional[ctypes.CDLL]:
     return _lib
 
 
+def _require() -> ctypes.CDLL:
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"the skinny CPU kernels are unavailable: {_reason}")
+    return lib
+
+
 def available() -> bool:
     """Whether the kernel runs here (builds it on the first call)."""
     return _load() is not None
@@ -142,9 +150,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
                   threads: Optional[int] = None) -> torch.Tensor:
     """x (M, K) @ weight (N, K).T + bias (N,) -> (M, N), fp32 CPU tensors, contiguous.
     ``threads``: OpenMP threads (default torch's)."""
-    lib = _load()
-    if lib is None:
-        raise RuntimeError(f"the skinny CPU kernel is unavailable: {_reason}")
+    lib = _require()
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"x must be (M, K) and weight (N, K) with the same K, got x {tuple(x.shape)} "
                          f"and weight {tuple(weight.shape)}")
@@ -183,8 +189,7 @@ def skinny_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     block_size),) int32 physical blocks, mask (T, length) bool visibility (None: all visible,
     or with ``causal`` row t sees keys j <= t + length - T). -> (T, H, D). A row with no
     visible key gets zeros. The reference: ``kernels.tree_attention.tree_attention_ref``."""
-    if _load() is None:
-        raise RuntimeError(f"the skinny CPU kernels are unavailable: {_reason}")
+    _require()
     if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
         raise ValueError(f"q must be (T, H, D) and k_cache, v_cache the same (num_blocks, block_size, KV, D), got "
                          f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")
@@ -219,9 +224,7 @@ def skinny_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 def attention_unchecked(q, k_cache, v_cache, block_ids, length, mask, causal, scale, threads=None) -> torch.Tensor:
     """``skinny_attention`` without the checks, for callers that built the arguments (kernels/torch_plan.py)."""
     t, h, d = q.shape
-    lib = _lib or _load()
-    if lib is None:
-        raise RuntimeError(f"the skinny CPU kernels are unavailable: {_reason}")
+    lib = _lib or _require()
     out = torch.empty(t, h, d, dtype=torch.float32)
     rc = lib.skinny_attention(q.data_ptr(), q.stride(0), t, h, k_cache.shape[2], d, k_cache.data_ptr(),
                                v_cache.data_ptr(), block_ids.data_ptr(), k_cache.shape[1], length,
@@ -241,8 +244,7 @@ def _check_f32(name: str, t: torch.Tensor) -> None:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x (rows, n) / sqrt(mean(x^2) + eps) * weight (n,), fp32 CPU, one call. The reference:
     ``torch.nn.functional.rms_norm``."""
-    if _load() is None:
-        raise RuntimeError(f"the skinny CPU kernels are unavailable: {_reason}")
+    _require()
     _check_f32("x", x)
     _check_f32("weight", weight)
     if x.dim() != 2 or weight.shape != (x.shape[1],):
@@ -261,8 +263,7 @@ def rms_norm_unchecked(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up (rows, 2n) -> silu(gate) * up (rows, n), fp32 CPU, one call. The reference:
     ``F.silu(g) * u`` for ``g, u = gate_up.chunk(2, -1)``."""
-    if _load() is None:
-        raise RuntimeError(f"the skinny CPU kernels are unavailable: {_reason}")
+    _require()
     _check_f32("gate_up", gate_up)
     if gate_up.dim() != 2 or gate_up.shape[1] % 2:
         raise ValueError(f"gate_up must be (rows, 2n), got {tuple(gate_up.shape)}")

@@ -20,32 +20,7 @@
 #include <stdlib.h>
 #include <omp.h>
 
-static inline float hsum8a(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* e^x for x <= 0 (scores minus their max): x = n ln2 + r, |r| <= ln2 / 2, e^r by its Taylor
- * polynomial to r^6 (relative error below 2e-7), times 2^n built in the exponent bits. */
-static inline __m256 exp_neg(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.0f);
-    x = _mm256_max_ps(x, lo);
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);  /* ln2, high part */
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);     /* ln2, low part */
-    __m256 p = _mm256_set1_ps(1.0f / 720);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
+#include "skinny_common.h"
 
 #define MAXG 16 /* query heads per kv head, at most */
 
@@ -72,7 +47,7 @@ static void row_group(const float *q, int64_t q_stride, int T, int H, int KV, in
                 a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
                 a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
             }
-            const float sc[4] = {hsum8a(a0), hsum8a(a1), hsum8a(a2), hsum8a(a3)};
+            const float sc[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
             for (int i = 0; i < nk; i++) {
                 const int64_t jj = j + i;
                 s[g * L + jj] = (jj > last || (vis && !vis[jj])) ? -INFINITY : sc[i] * scale;
@@ -98,7 +73,7 @@ static void row_group(const float *q, int64_t q_stride, int T, int H, int KV, in
             _mm256_storeu_ps(sg + j, p);
             tot = _mm256_add_ps(tot, p);
         }
-        float total = hsum8a(tot);
+        float total = hsum8(tot);
         for (; j < L; j++) {
             const float p = sg[j] == -INFINITY ? 0.0f : expf(sg[j] - mx);
             sg[j] = p;

@@ -8,12 +8,7 @@
 #include <math.h>
 #include <stdint.h>
 
-static inline float hsum8e(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#include "skinny_common.h"
 
 /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, rows of n floats */
 void skinny_rms_norm(const float *x, const float *w, float *out, int64_t rows, int64_t n, float eps) {
@@ -32,7 +27,7 @@ void skinny_rms_norm(const float *x, const float *w, float *out, int64_t rows, i
             const __m256 u = _mm256_loadu_ps(xr + i);
             a0 = _mm256_fmadd_ps(u, u, a0);
         }
-        float ss = hsum8e(_mm256_add_ps(a0, a1));
+        float ss = hsum8(_mm256_add_ps(a0, a1));
         for (; i < n; i++) ss += xr[i] * xr[i];
         const float inv = 1.0f / sqrtf(ss / (float)n + eps);
         const __m256 iv = _mm256_set1_ps(inv);
@@ -40,24 +35,6 @@ void skinny_rms_norm(const float *x, const float *w, float *out, int64_t rows, i
             _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + i), iv), _mm256_loadu_ps(w + i)));
         for (; i < n; i++) o[i] = xr[i] * inv * w[i];
     }
-}
-
-/* e^x for x <= 0, as in skinny_attention.c (Taylor to r^6 after x = n ln2 + r) */
-static inline __m256 exp_neg_e(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
 /* out (rows, n) = silu(gu[:, :n]) * gu[:, n:], gu (rows, 2n): sigmoid(g) from e = e^-|g| as
@@ -71,7 +48,7 @@ void skinny_silu_mul(const float *gu, float *out, int64_t rows, int64_t n) {
         int64_t i = 0;
         for (; i < n8; i += 8) {
             const __m256 gv = _mm256_loadu_ps(g + i);
-            const __m256 e = exp_neg_e(_mm256_or_ps(gv, sign)); /* e^-|g| */
+            const __m256 e = exp_neg(_mm256_or_ps(gv, sign)); /* e^-|g| */
             const __m256 den = _mm256_add_ps(one, e);
             const __m256 num = _mm256_blendv_ps(one, e, gv); /* sign bit of g set: e */
             const __m256 sig = _mm256_div_ps(num, den);

@@ -21,12 +21,7 @@
 #include <stdint.h>
 #include <omp.h>
 
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#include "skinny_common.h"
 
 /* R rows of x (from x, stride K) times the C rows of W in w[] -> y (stride N), columns n..n+nc-1 */
 #define TILE(R, C)                                                                                        \
