@@ -19,9 +19,10 @@ from kernels.mask import unpack_mask
 
 # Steps of at most this many rows per sequence go to the skinny CPU attention kernel (fp32, x86
 # with a C compiler: kernels/skinny.py); longer ones and everything else to SDPA. Measured on the
-# 2-core CPU (SmolLM2 heads, 256-1536 keys, us per layer): 1 row 46-179 vs SDPA 64-232, 2 rows
-# 57-258 vs 115-415, 3 rows 59-422 vs 124-641, 4 rows even, 16 rows 1.8-2x slower than SDPA.
-SMALL_ROWS = 3
+# 2-core CPU (SmolLM2 heads, a layer's cache cold, us per layer, ours vs SDPA): 512 keys 1 row
+# 185 vs 652, 4 rows 176 vs 323, 8 rows 281 vs 390, 16 rows 487 vs 547, 32 rows 973 vs 714;
+# 1536 keys 1 row 281 vs 620, 16 rows 1409 vs 1488, 32 rows 2525 vs 2060.
+SMALL_ROWS = 16
 
 
 @dataclass

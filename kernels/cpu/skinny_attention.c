@@ -1,5 +1,5 @@
-/* Attention of a few query rows (a decoding step) over one sequence's paged KV cache, fp32,
- * AVX2 + FMA, OpenMP over (kv head, query row) tasks.
+/* Attention of a decoding step's rows (1 to a few dozen) over one sequence's paged KV cache,
+ * fp32, AVX2 + FMA, OpenMP over (kv head, key split) tasks.
  *
  * q      row t, head h at q[t * q_stride + h * D], D a multiple of 8
  * cache  k / v: the layer's pool [num_blocks, block_size, KV, D], contiguous; key j of the
@@ -8,124 +8,202 @@
  *        causal: row t sees keys j <= t + L - T
  * out    (T, H, D) contiguous
  *
- * A task is one query row and the H / KV query heads that share a kv head. Pass 1 writes the
- * scaled scores, four keys at a time, hidden keys -inf; then the softmax (a max, exp by a
- * polynomial, a sum); pass 2 the probability-weighted sum of the value rows in 64-float
- * chunks held in registers, skipping keys of probability 0. A row's result does not depend on the other
- * rows of the step. kernels/skinny.py calls it; kernels/tree_attention.py holds the reference.
+ * The keys are cut into splits of SPLIT keys (fixed: the cut depends on L alone). A task is one
+ * kv head and one split: while the split's keys and values sit in L1 / L2 it moves every step
+ * row and every query head of the group over them (the scores of the split, their max, the
+ * softmax numerators, the weighted sum of the values). So the keys are read from memory once
+ * per step, not once per row, and a step of 16 rows costs little more than one. The splits'
+ * partial results (max, sum, weighted sum) are merged per (row, head) in split order at the end.
+ *
+ * A row's result depends on its query, its mask row, the keys and L only: the same operations
+ * in the same order whatever T, the row's place in the step, and the thread count. A row with
+ * no visible key gets zeros. kernels/skinny.py calls it; kernels/tree_attention.py holds the
+ * reference.
  */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <omp.h>
 
 #include "skinny_common.h"
 
-#define MAXG 16 /* query heads per kv head, at most */
+#define MAXG 16   /* query heads per kv head, at most */
+#define SPLIT 64 /* keys per split */
 
-static void row_group(const float *q, int64_t q_stride, int T, int H, int KV, int D, const float *kc,
-                      const float *vc, const int64_t *off, int64_t L, const uint8_t *mask, int causal,
-                      float scale, float *out, int t, int kvh, float *s /* G x L */) {
-    const int G = H / KV;
-    const float *qt = q + t * q_stride + (int64_t)kvh * G * D;
-    const float *kh = kc + (int64_t)kvh * D, *vh = vc + (int64_t)kvh * D;
-    const uint8_t *vis = mask ? mask + (int64_t)t * L : NULL;
-    const int64_t last = causal && !mask ? t + L - T : L - 1; /* keys after it are hidden */
-    /* pass 1: scores, four keys at a time (four independent FMA chains) */
-    for (int64_t j = 0; j < L; j += 4) {
-        const int nk = L - j < 4 ? (int)(L - j) : 4;
-        const float *k0 = kh + off[j], *k1 = kh + off[j + (nk > 1)], *k2 = kh + off[j + (nk > 2 ? 2 : 0)],
-                    *k3 = kh + off[j + (nk > 3 ? 3 : 0)];
-        for (int g = 0; g < G; g++) {
-            const float *qg = qt + g * D;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int d = 0; d < D; d += 8) {
-                const __m256 qv = _mm256_loadu_ps(qg + d);
-                a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
-                a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
-                a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
-                a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
-            }
-            const float sc[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
-            for (int i = 0; i < nk; i++) {
-                const int64_t jj = j + i;
-                s[g * L + jj] = (jj > last || (vis && !vis[jj])) ? -INFINITY : sc[i] * scale;
-            }
-        }
+/* the 8 dot products q . k[i] (i < 8), as one vector, D a multiple of 8 */
+static inline __m256 dot8(const float *q, const float *const *k, int D) {
+    __m256 a[8];
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+    for (int d = 0; d < D; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + d);
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) a[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[i] + d), a[i]);
     }
-    for (int g = 0; g < G; g++) {
-        float *sg = s + g * L;
-        float *og = out + ((int64_t)t * H + (int64_t)kvh * G + g) * D;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < L; j++) mx = sg[j] > mx ? sg[j] : mx;
-        if (mx == -INFINITY) { /* no visible key: zeros */
-            for (int d = 0; d < D; d++) og[d] = 0.0f;
-            continue;
-        }
-        /* softmax numerators; hidden keys get exactly 0 */
-        const __m256 m = _mm256_set1_ps(mx), ninf = _mm256_set1_ps(-INFINITY);
-        __m256 tot = _mm256_setzero_ps();
-        int64_t j = 0;
-        for (; j + 8 <= L; j += 8) {
-            const __m256 raw = _mm256_loadu_ps(sg + j);
-            const __m256 p = _mm256_and_ps(exp_neg(_mm256_sub_ps(raw, m)), _mm256_cmp_ps(raw, ninf, _CMP_NEQ_OQ));
-            _mm256_storeu_ps(sg + j, p);
-            tot = _mm256_add_ps(tot, p);
-        }
-        float total = hsum8(tot);
-        for (; j < L; j++) {
-            const float p = sg[j] == -INFINITY ? 0.0f : expf(sg[j] - mx);
-            sg[j] = p;
-            total += p;
-        }
-        /* pass 2: the weighted sum of value rows, 64 floats (8 registers) at a time */
-        const __m256 inv = _mm256_set1_ps(1.0f / total);
-        for (int d0 = 0; d0 < D; d0 += 64) {
-            const int dn = D - d0 < 64 ? (D - d0) / 8 : 8;
-            __m256 acc[8];
-            _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
-            for (int64_t jj = 0; jj < L; jj++) {
-                if (sg[jj] == 0.0f) continue; /* hidden (or underflowed): adds nothing */
-                const __m256 p = _mm256_set1_ps(sg[jj]);
-                const float *vj = vh + off[jj] + d0;
-                if (dn == 8) {
-                    _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++)
-                        acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * c), acc[c]);
-                } else {
-                    for (int c = 0; c < dn; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * c), acc[c]);
-                }
+    /* transpose-and-add: lane i of the result is the sum of a[i]'s lanes */
+    const __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20), _mm256_permute2f128_ps(h0123, h4567, 0x31));
+}
+
+static inline float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+/* sum[0:64] = sum_i p[i] * v[i][d0:d0 + 64] over n keys, keys of probability 0 skipped: the
+ * sum stays in 8 registers */
+static inline void pv_sum64(float *sum, const float *p, const float *const *v, int n, int d0) {
+    __m256 acc[8];
+    _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
+    for (int i = 0; i < n; i++) {
+        if (p[i] == 0.0f) continue; /* hidden (or underflowed): adds nothing */
+        const __m256 pi = _mm256_set1_ps(p[i]);
+        const float *vi = v[i] + d0;
+        _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(pi, _mm256_loadu_ps(vi + 8 * c), acc[c]);
+    }
+    _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) _mm256_storeu_ps(sum + 8 * c, acc[c]);
+}
+
+/* the same for 8 floats (head dims that are not a multiple of 64) */
+static inline void pv_sum8(float *sum, const float *p, const float *const *v, int n, int d0) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n; i++)
+        if (p[i] != 0.0f) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[i]), _mm256_loadu_ps(v[i] + d0), acc);
+    _mm256_storeu_ps(sum, acc);
+}
+
+typedef struct {
+    const float *q, *kc, *vc;
+    const int64_t *off; /* key j's first float in a pool for kv head 0 */
+    const uint8_t *mask;
+    int64_t q_stride, L;
+    int T, H, KV, D, causal;
+    float scale;
+    float *part; /* this split's [t][h]: max score, sum of numerators, D weighted sums */
+} job;
+
+/* one kv head over keys [j0, j1) (at most SPLIT), every row and query head of the group: the
+ * scores of all the split's keys, their softmax numerators, the weighted sum of the values.
+ * Writes (max, sum, D weighted sums) per (t, g) into ``part`` rows of this split. */
+static void split_task(const job *a, int kvh, int64_t j0, int64_t j1) {
+    const int G = a->H / a->KV, D = a->D, T = a->T, W = D + 2, n = (int)(j1 - j0), nb = (n + 7) / 8;
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), scale = _mm256_set1_ps(a->scale);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const float *kh = a->kc + (int64_t)kvh * D, *vh = a->vc + (int64_t)kvh * D;
+    const float *kp[SPLIT], *vp[SPLIT];
+    for (int i = 0; i < nb * 8; i++) { /* a short last block repeats the first key, hidden */
+        const int64_t jj = j0 + (i < n ? i : 0);
+        kp[i] = kh + a->off[jj];
+        vp[i] = vh + a->off[jj];
+    }
+    __m256 vis[SPLIT / 8];
+    float sc[SPLIT];
+    for (int t = 0; t < T; t++) {
+        int any = 0;
+        for (int b = 0; b < nb; b++) { /* which of the 8 keys of block b row t sees */
+            const int64_t j = j0 + 8 * b;
+            const int nk = n - 8 * b < 8 ? n - 8 * b : 8;
+            __m256i v = _mm256_cmpgt_epi32(_mm256_set1_epi32(nk), lane);
+            if (a->mask) {
+                uint8_t bytes[8] = {0};
+                memcpy(bytes, a->mask + (int64_t)t * a->L + j, (size_t)nk);
+                const __m256i m8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)bytes));
+                v = _mm256_andnot_si256(_mm256_cmpeq_epi32(m8, _mm256_setzero_si256()), v);
+            } else if (a->causal) {
+                const int64_t last = t + a->L - T; /* keys after it are hidden */
+                const int64_t room = last < j ? 0 : (last - j + 1 < 8 ? last - j + 1 : 8);
+                v = _mm256_and_si256(v, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)room), lane));
             }
-            for (int c = 0; c < dn; c++) _mm256_storeu_ps(og + d0 + 8 * c, _mm256_mul_ps(acc[c], inv));
+            vis[b] = _mm256_castsi256_ps(v);
+            any |= !_mm256_testz_si256(v, v);
+        }
+        const float *qt = a->q + t * a->q_stride + (int64_t)kvh * G * D;
+        for (int g = 0; g < G; g++) {
+            float *out = a->part + (t * (int64_t)a->H + (int64_t)kvh * G + g) * W;
+            if (!any) { /* sees none of these keys */
+                out[0] = -INFINITY;
+                out[1] = 0.0f;
+                memset(out + 2, 0, sizeof(float) * (size_t)D);
+                continue;
+            }
+            __m256 mx = ninf;
+            for (int b = 0; b < nb; b++) {
+                const __m256 s = _mm256_blendv_ps(ninf, _mm256_mul_ps(dot8(qt + g * D, kp + 8 * b, D), scale), vis[b]);
+                _mm256_storeu_ps(sc + 8 * b, s);
+                mx = _mm256_max_ps(mx, s);
+            }
+            const float m = hmax8(mx);
+            const __m256 mv = _mm256_set1_ps(m);
+            __m256 tot = _mm256_setzero_ps();
+            for (int b = 0; b < nb; b++) {
+                const __m256 p = _mm256_and_ps(exp_neg(_mm256_sub_ps(_mm256_loadu_ps(sc + 8 * b), mv)), vis[b]);
+                _mm256_storeu_ps(sc + 8 * b, p);
+                tot = _mm256_add_ps(tot, p);
+            }
+            out[0] = m;
+            out[1] = hsum8(tot);
+            int d0 = 0;
+            for (; d0 + 64 <= D; d0 += 64) pv_sum64(out + 2 + d0, sc, vp, nb * 8, d0);
+            for (; d0 < D; d0 += 8) pv_sum8(out + 2 + d0, sc, vp, nb * 8, d0);
         }
     }
 }
 
-/* returns 0, or -1 when a buffer could not be allocated (out is then incomplete) */
+/* returns 0, -1 when a buffer could not be allocated (out is then incomplete), -2 on shapes it
+ * does not take */
 int skinny_attention(const float *q, int64_t q_stride, int T, int H, int KV, int D, const float *kc,
                      const float *vc, const int32_t *blocks, int bs, int64_t L, const uint8_t *mask, int causal,
                      float scale, float *out, int threads) {
-    const int G = H / KV;
-    const int64_t tasks = (int64_t)T * KV;
-    if (G > MAXG || D % 8) return -2;
-    int64_t *off = malloc(sizeof(int64_t) * (size_t)(L > 0 ? L : 1)); /* key j's row in the pool */
-    if (!off) return -1;
+    const int G = H / KV, W = D + 2;
+    if (G > MAXG || D % 8 || L < 1) return -2;
+    const int64_t n_split = (L + SPLIT - 1) / SPLIT, tasks = n_split * KV;
+    int64_t *off = malloc(sizeof(int64_t) * (size_t)L);
+    float *part = malloc(sizeof(float) * (size_t)(n_split * T * H * W));
+    if (!off || !part) {
+        free(off);
+        free(part);
+        return -1;
+    }
     for (int64_t b = 0, j = 0; j < L; b++)
         for (int o = 0; o < bs && j < L; o++, j++) off[j] = ((int64_t)blocks[b] * bs + o) * KV * D;
+    const job a = {q, kc, vc, off, mask, q_stride, L, T, H, KV, D, causal, scale, part};
     if (threads > tasks) threads = (int)tasks;
     if (threads < 1) threads = 1;
-    int failed = 0;
-#pragma omp parallel num_threads(threads) reduction(| : failed)
-    {
-        float *s = malloc(sizeof(float) * (size_t)G * (size_t)(L > 0 ? L : 1));
-        failed = s == NULL;
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < tasks; i++)
-            if (s)
-                row_group(q, q_stride, T, H, KV, D, kc, vc, off, L, mask, causal, scale, out, (int)(i / KV),
-                          (int)(i % KV), s);
-        free(s);
+#pragma omp parallel for num_threads(threads) schedule(static, 1)
+    for (int64_t i = 0; i < tasks; i++) {
+        const int64_t sp = i / KV, j0 = sp * SPLIT, j1 = j0 + SPLIT < L ? j0 + SPLIT : L;
+        job mine = a;
+        mine.part = part + sp * T * H * W;
+        split_task(&mine, (int)(i % KV), j0, j1);
+    }
+    /* merge the splits of each (row, head), in split order */
+    for (int64_t r = 0; r < (int64_t)T * H; r++) {
+        float mx = -INFINITY;
+        for (int64_t sp = 0; sp < n_split; sp++) {
+            const float m = part[(sp * T * H + r) * W];
+            mx = m > mx ? m : mx;
+        }
+        float *o = out + r * D;
+        memset(o, 0, sizeof(float) * (size_t)D);
+        if (mx == -INFINITY) continue; /* no visible key: zeros */
+        float total = 0.0f;
+        for (int64_t sp = 0; sp < n_split; sp++) {
+            const float *p = part + (sp * T * H + r) * W;
+            if (p[0] == -INFINITY) continue;
+            const float w = expf(p[0] - mx);
+            total += w * p[1];
+            const __m256 wv = _mm256_set1_ps(w);
+            for (int d = 0; d < D; d += 8)
+                _mm256_storeu_ps(o + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 2 + d), _mm256_loadu_ps(o + d)));
+        }
+        const __m256 inv = _mm256_set1_ps(1.0f / total);
+        for (int d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(inv, _mm256_loadu_ps(o + d)));
     }
     free(off);
-    return failed ? -1 : 0;
+    free(part);
+    return 0;
 }
