@@ -36,7 +36,8 @@ import torch.nn.functional as F
 SOURCES = [Path(__file__).with_name("cpu") / f for f in ("skinny_gemm.c", "skinny_attention.c",
                                                                        "skinny_elementwise.c")]
 HEADERS = [Path(__file__).with_name("cpu") / "skinny_common.h"]  # in the build hash, not on the command line
-FLAGS = ["-O3", "-std=c11", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
+# -ffp-contract=off: a product and a sum written apart stay apart (the RoPE kernel matches torch bit for bit)
+FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
 LIBS = ["-lm"]
 
 _lock = threading.Lock()
@@ -100,6 +101,8 @@ def _build() -> tuple[ctypes.CDLL, str]:
     lib.skinny_rms_norm.restype = None
     lib.skinny_silu_mul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
     lib.skinny_silu_mul.restype = None
+    lib.skinny_rope.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4
+    lib.skinny_rope.restype = None
     return lib, tag
 
 
@@ -275,3 +278,28 @@ def silu_mul_unchecked(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows, n2 // 2, dtype=torch.float32)
     _lib.skinny_silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, n2 // 2)
     return out
+
+
+def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
+    """Rotary embedding in place on the first ``heads`` heads of every row of x (rows, >= heads
+    * D), fp32 CPU, rows may be strided; cos / signed sin (rows, D) contiguous as
+    ``models.llama.rope_tables`` makes them, D a multiple of 16. Bit for bit the result of
+    ``models.llama.apply_rope`` (the reference). Returns x."""
+    _require()
+    if x.dim() != 2 or cos.dim() != 2 or sin.shape != cos.shape or cos.shape[0] != x.shape[0]:
+        raise ValueError(f"x must be (rows, n) and cos, sin (rows, D), got x {tuple(x.shape)}, cos {tuple(cos.shape)}, "
+                         f"sin {tuple(sin.shape)}")
+    d = cos.shape[1]
+    if d % 16 or heads < 0 or heads * d > x.shape[1]:
+        raise ValueError(f"D must be a multiple of 16 and heads * D at most the row ({x.shape[1]}), got D={d}, "
+                         f"heads={heads}")
+    _check_f32("cos", cos)
+    _check_f32("sin", sin)
+    if x.dtype != torch.float32 or x.device.type != "cpu" or x.stride(1) != 1:
+        raise ValueError(f"x must be a float32 CPU tensor with contiguous rows, got {x.dtype} on {x.device}")
+    return rope_unchecked(x, cos, sin, heads)
+
+
+def rope_unchecked(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
+    _lib.skinny_rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), x.shape[0], x.stride(0), heads, cos.shape[1])
+    return x

@@ -79,6 +79,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.cat([x[..., half:], x[..., :half]], -1) * sin
 
 
+def rope_qk(qkv: torch.Tensor, H: int, KV: int, D: int, cos: torch.Tensor, sin: torch.Tensor):
+    """q (T, H, D) and k (T, KV, D) of the fused qkv rows (T, (H + 2 KV) D), rotated. In fp32 on
+    CPU one C call rotates them in place (bit for bit ``apply_rope``), else ``apply_rope``."""
+    T = qkv.shape[0]
+    if _skinny_ok(qkv) and D % 16 == 0 and cos.dtype == torch.float32 and cos.is_contiguous() and sin.is_contiguous():
+        skinny.rope_unchecked(qkv, cos.view(T, D), sin.view(T, D), H + KV)
+        return qkv[:, :H * D].view(T, H, D), qkv[:, H * D:(H + KV) * D].view(T, KV, D)
+    qk = apply_rope(qkv[:, :(H + KV) * D].view(T, H + KV, D), cos, sin)  # q and k rotated at once
+    return qk[:, :H], qk[:, H:]
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -97,8 +108,7 @@ class Block(nn.Module):
         T = h.shape[0]  # h: (T, d)
         qkv = self.wqkv(rms_norm(h, self.attn_norm, self.eps))
         H, KV, D = self.n_heads, self.n_kv, self.head_dim
-        qk = apply_rope(qkv[:, :(H + KV) * D].view(T, H + KV, D), cos, sin)  # q and k rotated at once
-        q, k = qk[:, :H], qk[:, H:]  # (T, H, D), (T, KV, D)
+        q, k = rope_qk(qkv, H, KV, D, cos, sin)  # (T, H, D), (T, KV, D)
         v = qkv[:, (H + KV) * D:].view(T, KV, D)
         backend.kv_store(k_cache, v_cache, k, v, meta.slot_mapping, plan)
         o = backend.attention(q, k_cache, v_cache, meta, D**-0.5, window, plan)

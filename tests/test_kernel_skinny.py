@@ -103,15 +103,32 @@ def test_attention_matches_reference(t, h, kv, d, length, bs, mode):
         assert (out[0] == 0).all()
 
 
-def test_attention_row_does_not_depend_on_its_step():
-    g = torch.Generator().manual_seed(3)
-    k_cache, v_cache = torch.randn(6, 8, 2, 32, generator=g), torch.randn(6, 8, 2, 32, generator=g)
-    ids = torch.tensor([4, 1, 0, 5, 2], dtype=torch.int32)
-    q = torch.randn(7, 4, 32, generator=g)
-    mask = torch.rand(7, 40, generator=g) < 0.8
-    together = skinny.skinny_attention(q, k_cache, v_cache, ids, 40, mask)
-    for i in range(7):
-        assert torch.equal(skinny.skinny_attention(q[i:i + 1], k_cache, v_cache, ids, 40, mask[i:i + 1]), together[i:i + 1])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("length", [40, 200])  # one key split, four (the last one short)
+def test_attention_row_does_not_depend_on_its_step(threads, length):
+    """A row's output is bit for bit the same alone, in a step of 16 rows, at any place in it,
+    with any thread count: a method that sends more rows cannot flip a greedy token. Row 0
+    sees only keys of the last split, row 1 none."""
+    g = torch.Generator().manual_seed(3 + length)
+    n = -(-length // 8)
+    k_cache, v_cache = torch.randn(n + 2, 8, 2, 32, generator=g), torch.randn(n + 2, 8, 2, 32, generator=g)
+    ids = torch.randperm(n + 2, generator=g)[:n].int()
+    q = torch.randn(16, 4, 32, generator=g)
+    mask = torch.rand(16, length, generator=g) < 0.8
+    mask[0, :length - 5] = False
+    mask[1] = False
+    together = skinny.skinny_attention(q, k_cache, v_cache, ids, length, mask, threads=threads)
+    torch.testing.assert_close(together, dense_attention(q, k_cache, v_cache, ids, length, mask, False, 32 ** -0.5),
+                               atol=1e-5, rtol=1e-5)
+    for i in range(16):
+        alone = skinny.skinny_attention(q[i:i + 1], k_cache, v_cache, ids, length, mask[i:i + 1], threads=1)
+        assert torch.equal(alone, together[i:i + 1])
+    assert torch.equal(skinny.skinny_attention(q[5:9], k_cache, v_cache, ids, length, mask[5:9], threads=threads),
+                       together[5:9])
+    # causal: row t of a T-row step sees keys <= t + length - T, the same as with its mask row
+    tril = torch.ones(16, length, dtype=torch.bool).tril(length - 16)
+    assert torch.equal(skinny.skinny_attention(q, k_cache, v_cache, ids, length, None, True, threads=threads),
+                       skinny.skinny_attention(q, k_cache, v_cache, ids, length, tril, threads=threads))
 
 
 def test_attention_bad_input_is_named():
@@ -166,6 +183,40 @@ def test_elementwise_bad_input_is_named():
         skinny.rms_norm(torch.randn(8, 2).t(), torch.randn(8), 1e-6)
     with pytest.raises(ValueError, match=r"gate_up must be \(rows, 2n\)"):
         skinny.silu_mul(torch.randn(2, 7))
+
+
+@pytest.mark.parametrize("heads,d", [(1, 16), (6, 64), (3, 128)])
+def test_rope_is_bit_for_bit_apply_rope(heads, d):
+    """In place on the q and k heads of fused q/k/v rows (strided), v untouched, the same bits
+    as the torch expression it replaces."""
+    from models.llama import apply_rope, rope_tables
+
+    g = torch.Generator().manual_seed(heads * d)
+    t = 7
+    qkv = torch.randn(t, (heads + 2) * d, generator=g) * 50
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    cos, sin = rope_tables(torch.tensor([0, 3, 3, 4, 900, 901, 5000], dtype=torch.int32), inv_freq, torch.float32)
+    want = apply_rope(qkv[:, :heads * d].view(t, heads, d), cos, sin)
+    x = qkv.clone()
+    assert skinny.rope_(x, cos.view(t, d), sin.view(t, d), heads) is x
+    assert torch.equal(x[:, :heads * d].view(t, heads, d), want)
+    assert torch.equal(x[:, heads * d:], qkv[:, heads * d:])
+    wide = torch.zeros(t, x.shape[1] + 5)
+    wide[:, :x.shape[1]] = qkv
+    skinny.rope_(wide[:, :x.shape[1]], cos.view(t, d), sin.view(t, d), heads)  # rows strided
+    assert torch.equal(wide[:, :x.shape[1]], x)
+
+
+def test_rope_bad_input_is_named():
+    cos = torch.randn(2, 16)
+    with pytest.raises(ValueError, match="D must be a multiple of 16"):
+        skinny.rope_(torch.randn(2, 24), torch.randn(2, 12), torch.randn(2, 12), 1)
+    with pytest.raises(ValueError, match=r"heads \* D at most the row \(32\)"):
+        skinny.rope_(torch.randn(2, 32), cos, cos, 3)
+    with pytest.raises(ValueError, match=r"cos, sin \(rows, D\)"):
+        skinny.rope_(torch.randn(3, 32), cos, cos, 1)
+    with pytest.raises(ValueError, match="float32"):
+        skinny.rope_(torch.randn(2, 32).double(), cos, cos, 1)
 
 
 def test_forward_with_and_without_the_kernels(monkeypatch):

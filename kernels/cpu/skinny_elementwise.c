@@ -57,3 +57,28 @@ void skinny_silu_mul(const float *gu, float *out, int64_t rows, int64_t n) {
         for (; i < n; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
 }
+
+/* Rotary embedding in place on the first `heads` heads of each row (the "NeoX" halves layout):
+ * x[:h] <- x[:h] cos[:h] + x[h:] sin[:h],  x[h:] <- x[h:] cos[h:] + x[:h] sin[h:]  (h = D / 2),
+ * with cos / sin the full-width (rows, D) tables, sin signed. A product, a product, a sum, each
+ * rounded (no fused multiply-add): bit for bit torch's `x * cos + rotate(x) * sin`. D a
+ * multiple of 16; row r, head j at x[r * row_stride + j * D]. */
+void skinny_rope(float *x, const float *cos, const float *sin, int64_t rows, int64_t row_stride, int64_t heads,
+                 int64_t D) {
+    const int64_t h = D / 2;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *c = cos + r * D, *s = sin + r * D;
+        for (int64_t j = 0; j < heads; j++) {
+            float *p = x + r * row_stride + j * D;
+            for (int64_t i = 0; i < h; i += 8) {
+                const __m256 a = _mm256_loadu_ps(p + i), b = _mm256_loadu_ps(p + h + i);
+                const __m256 lo = _mm256_add_ps(_mm256_mul_ps(a, _mm256_loadu_ps(c + i)),
+                                                _mm256_mul_ps(b, _mm256_loadu_ps(s + i)));
+                const __m256 hi = _mm256_add_ps(_mm256_mul_ps(b, _mm256_loadu_ps(c + h + i)),
+                                                _mm256_mul_ps(a, _mm256_loadu_ps(s + h + i)));
+                _mm256_storeu_ps(p + i, lo);
+                _mm256_storeu_ps(p + h + i, hi);
+            }
+        }
+    }
+}
