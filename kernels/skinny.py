@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 SOURCES = [Path(__file__).with_name("cpu") / f for f in ("skinny_gemm.c", "skinny_attention.c",
-                                                                       "skinny_elementwise.c")]
+                                                                       "skinny_elementwise.c", "skinny_layers.c")]
 HEADERS = [Path(__file__).with_name("cpu") / "skinny_common.h"]  # in the build hash, not on the command line
 # -ffp-contract=off: a product and a sum written apart stay apart (the RoPE kernel matches torch bit for bit)
 FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
@@ -103,6 +103,8 @@ def _build() -> tuple[ctypes.CDLL, str]:
     lib.skinny_silu_mul.restype = None
     lib.skinny_rope.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4
     lib.skinny_rope.restype = None
+    lib.skinny_layers.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    lib.skinny_layers.restype = ctypes.c_int
     return lib, tag
 
 
@@ -303,3 +305,27 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> 
 def rope_unchecked(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
     _lib.skinny_rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), x.shape[0], x.stride(0), heads, cos.shape[1])
     return x
+
+
+# ---- the whole stack of decoder layers in one call (cpu/skinny_layers.c) ------------------------
+class LayerPtrs(ctypes.Structure):
+    """One layer's weights and cache pools, as ``skinny_layer`` in cpu/skinny_layers.c."""
+    _fields_ = [(n, ctypes.c_void_p) for n in ("attn_norm", "wqkv", "bqkv", "wo", "mlp_norm", "w_gate_up", "w_down",
+                                                "k_cache", "v_cache")]
+
+
+class StepArgs(ctypes.Structure):
+    """The step, as ``skinny_step`` in cpu/skinny_layers.c."""
+    _fields_ = ([(n, ctypes.c_int) for n in ("T", "d", "H", "KV", "D", "I", "n_seq", "block_size", "threads")]
+                + [("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+                + [(n, ctypes.c_void_p) for n in ("cos", "sin", "slots", "seq_start", "seq_len", "seq_blocks",
+                                                  "seq_mask")])
+
+
+def layers_unchecked(h: torch.Tensor, layers, n_layers: int, step: StepArgs) -> torch.Tensor:
+    """h (T, d) fp32 contiguous through ``n_layers`` layers in place (``layers``: a ctypes array
+    of LayerPtrs). The caller (models/llama.py) built the arguments and keeps their tensors alive."""
+    rc = _lib.skinny_layers(h.data_ptr(), ctypes.addressof(layers), n_layers, ctypes.byref(step))
+    if rc != 0:
+        raise MemoryError(f"skinny_layers could not allocate its buffers (T={step.T})")
+    return h

@@ -5,6 +5,7 @@ packed step (see ``kernels/__init__`` for the layout) in, logits of the requeste
 It knows nothing about decoding methods; attention and KV writes go through the backend.
 """
 
+import ctypes
 import math
 from typing import Optional
 
@@ -14,8 +15,9 @@ from torch import nn
 
 from kernels import skinny
 from kernels.backend import Backend, StepMeta
+from kernels.torch_plan import StepPlan
 from models.config import ModelConfig
-from models.linear import Linear, ProductPlan, product
+from models.linear import Linear, ProductPlan, bucket, product
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -152,12 +154,64 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(meta.positions, self.inv_freq, h.dtype)
         window = self.cfg.sliding_window
         plan = self.backend.plan(meta, k_cache.shape[2], window)  # what all layers share, once
-        for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, meta, k_cache[i], v_cache[i], self.backend, window, plan)
+        if not self._whole_stack(h, meta, plan, k_cache, v_cache, cos, sin):
+            for i, layer in enumerate(self.layers):
+                h = layer(h, cos, sin, meta, k_cache[i], v_cache[i], self.backend, window, plan)
         if logits_idx is not None:
             h = h[logits_idx]
         h = rms_norm(h, self.norm, self.cfg.rms_norm_eps)
         return product(h, self.head_weight, None, self.head_plan).float()
+
+    def _whole_stack(self, h, meta: StepMeta, plan, k_cache, v_cache, cos, sin) -> bool:
+        """Every layer in one C call (kernels/cpu/skinny_layers.c: the same kernels in the same
+        order as ``Block.forward``, bit for bit) when each piece of the step would go to the skinny
+        CPU kernels anyway: fp32 on x86, the torch backend's plan with the C attention for every
+        sequence, every product planned ``skinny`` at this step's rows. Updates h in place;
+        False: nothing was done, use the per-op path."""
+        cfg = self.cfg
+        if not (isinstance(plan, StepPlan) and _skinny_ok(h) and k_cache.dtype == torch.float32
+                and k_cache.is_contiguous() and v_cache.is_contiguous() and cos.dtype == torch.float32
+                and cfg.head_dim % 16 == 0 and cfg.num_heads // cfg.num_kv_heads <= skinny.MAX_GROUP):
+            return False
+        if any(sp.block_ids is None or sp.causal for sp in plan.seqs):
+            return False
+        b = bucket(h.shape[0])
+        for layer in self.layers:
+            for lin in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
+                if lin.plan is None or lin.plan.table[b] != "skinny":
+                    return False
+        ptrs = self._layer_ptrs(k_cache, v_cache)
+        seqs = plan.seqs
+        seq_start = torch.tensor([sp.start for sp in seqs] + [seqs[-1].end], dtype=torch.int32)
+        seq_len = torch.tensor([sp.length for sp in seqs], dtype=torch.int64)
+        blocks = (ctypes.c_void_p * len(seqs))(*[sp.block_ids.data_ptr() for sp in seqs])
+        masks = (ctypes.c_void_p * len(seqs))(*[None if sp.mask is None else sp.mask.data_ptr() for sp in seqs])
+        slots = meta.slot_mapping.to(torch.int64).contiguous()
+        step = skinny.StepArgs(h.shape[0], cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                               cfg.intermediate_size, len(seqs), k_cache.shape[2], torch.get_num_threads(),
+                               cfg.rms_norm_eps, cfg.head_dim ** -0.5, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
+                               seq_start.data_ptr(), seq_len.data_ptr(), ctypes.addressof(blocks),
+                               ctypes.addressof(masks))
+        skinny.layers_unchecked(h, ptrs, len(self.layers), step)
+        return True
+
+    def _layer_ptrs(self, k_cache, v_cache):
+        """The ctypes array of every layer's weight and cache pointers, rebuilt when one moved."""
+        tensors = [k_cache, v_cache]
+        for layer in self.layers:
+            tensors += [layer.attn_norm, layer.wqkv.weight, layer.wqkv.bias, layer.wo.weight, layer.mlp_norm,
+                        layer.w_gate_up.weight, layer.w_down.weight]
+        key = tuple(0 if t is None else t.data_ptr() for t in tensors)
+        cached = getattr(self, "_ptrs_cache", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        kb, vb, per = k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0) * k_cache.element_size()
+        arr = (skinny.LayerPtrs * len(self.layers))()
+        for i, layer in enumerate(self.layers):
+            w = key[2 + 7 * i: 9 + 7 * i]
+            arr[i] = skinny.LayerPtrs(*[p or None for p in w], kb + i * per, vb + i * per)
+        self._ptrs_cache = (key, arr)
+        return arr
 
     @torch.no_grad()
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:

@@ -245,3 +245,40 @@ def test_forward_with_and_without_the_kernels(monkeypatch):
             lin.plan = None
     monkeypatch.setattr(skinny, "available", lambda: False)
     torch.testing.assert_close(with_kernels, logits(), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: q/k/v biases
+def test_whole_stack_call_is_bit_for_bit_the_per_op_path(monkeypatch, arch):
+    """Every layer in one C call (a ragged batch: one sequence with a tree mask, one causal)
+    gives the same logits and the same cache, bit for bit, as the per-op forward, and runs."""
+    from helpers import ours_from_hf, tiny_hf_model
+    from models.linear import BUCKETS, ProductPlan
+    from models.llama import Transformer
+    from models.runner import ModelRunner, StepInput
+
+    model = ours_from_hf(tiny_hf_model(arch, seed=7)).model
+    assert model.cfg.head_dim % 16 == 0
+    for layer in model.layers:
+        for lin in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
+            lin.plan = ProductPlan(["skinny"] * len(BUCKETS))
+    tree = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]],
+                        dtype=torch.bool)
+
+    def run():
+        runner = ModelRunner(model, cache_tokens=256)
+        for sid, prompt in ((0, list(range(3, 40))), (1, [5, 6, 7, 8])):
+            runner.add_sequence(sid)
+            runner.step([StepInput(sid, prompt)])
+            runner.commit({sid: list(range(len(prompt)))})
+        out = runner.step([StepInput(0, [9, 10, 11, 12, 13], [0, 1, 1, 2, 2], tree), StepInput(1, [14, 15, 16])])
+        return torch.cat(out), runner.cache.k.clone(), runner.cache.v.clone()
+
+    calls = []
+    real = skinny.layers_unchecked
+    monkeypatch.setattr(skinny, "layers_unchecked", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    stacked = run()
+    assert 8 in calls  # the decode step went through the one call
+    monkeypatch.setattr(Transformer, "_whole_stack", lambda *a: False)
+    per_op = run()
+    for a, b in zip(stacked, per_op):
+        assert torch.equal(a, b)

@@ -1,0 +1,85 @@
+/* A decoding step's whole stack of decoder layers in one call, fp32: for each layer
+ *   x = rms_norm(h) ; qkv = x Wqkv^T (+ b) ; RoPE on q, k ; k, v -> the cache slots ;
+ *   o = attention of each sequence's rows over its paged keys ; h += o Wo^T ;
+ *   x = rms_norm(h) ; h += (silu(x Wg^T) * x Wu^T) Wd^T
+ * with the kernels of the other files of this folder, in the order models/llama.py issues
+ * them, so the result is bit for bit the per-op path's. It exists because on a small CPU the
+ * per-op dispatch (a Python call, a ctypes call, a tensor allocation, each with cold caches
+ * after a weight has streamed through) cost about a quarter of a one-token step.
+ * kernels/skinny.py calls it; models/llama.py's Block.forward is the reference.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+void skinny_linear(const float *x, const float *W, const float *b, float *y, int64_t M, int64_t N, int64_t K,
+                   int threads);
+int skinny_attention(const float *q, int64_t q_stride, int T, int H, int KV, int D, const float *kc,
+                     const float *vc, const int32_t *blocks, int bs, int64_t L, const uint8_t *mask, int causal,
+                     float scale, float *out, int threads);
+void skinny_rms_norm(const float *x, const float *w, float *out, int64_t rows, int64_t n, float eps);
+void skinny_silu_mul(const float *gu, float *out, int64_t rows, int64_t n);
+void skinny_rope(float *x, const float *cos, const float *sin, int64_t rows, int64_t row_stride, int64_t heads,
+                 int64_t D);
+
+typedef struct { /* one layer's weights and cache pools (pointers into torch tensors) */
+    const float *attn_norm, *wqkv, *bqkv /* or NULL */, *wo, *mlp_norm, *w_gate_up, *w_down;
+    float *k_cache, *v_cache; /* [num_blocks * block_size, KV, D] */
+} skinny_layer;
+
+typedef struct { /* the step: shared by every layer */
+    int T, d, H, KV, D, I, n_seq, block_size, threads;
+    float eps, scale;
+    const float *cos, *sin;      /* (T, D) */
+    const int64_t *slots;        /* (T,) cache row of each step row, -1 = not stored */
+    const int32_t *seq_start;    /* (n_seq + 1,) rows of each sequence */
+    const int64_t *seq_len;      /* (n_seq,) keys each sequence attends over */
+    const int32_t *const *seq_blocks;  /* (n_seq,) its physical blocks */
+    const uint8_t *const *seq_mask;    /* (n_seq,) (rows, keys) visibility or NULL */
+} skinny_step;
+
+static void add_into(float *h, const float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) h[i] = h[i] + y[i];
+}
+
+/* h (T, d) in place through `n_layers` layers. 0, -1 out of memory, or an attention error. */
+int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skinny_step *s) {
+    const int T = s->T, d = s->d, H = s->H, KV = s->KV, D = s->D, I = s->I;
+    const int64_t nq = (int64_t)(H + 2 * KV) * D;
+    float *x = malloc(sizeof(float) * (size_t)T * d), *y = malloc(sizeof(float) * (size_t)T * d);
+    float *qkv = malloc(sizeof(float) * (size_t)(T * nq)), *o = malloc(sizeof(float) * (size_t)T * H * D);
+    float *gu = malloc(sizeof(float) * (size_t)T * 2 * I), *act = malloc(sizeof(float) * (size_t)T * I);
+    int rc = (x && y && qkv && o && gu && act) ? 0 : -1;
+    for (int l = 0; l < n_layers && rc == 0; l++) {
+        const skinny_layer *w = layers + l;
+        skinny_rms_norm(h, w->attn_norm, x, T, d, s->eps);
+        skinny_linear(x, w->wqkv, w->bqkv, qkv, T, nq, d, s->threads);
+        skinny_rope(qkv, s->cos, s->sin, T, nq, H + KV, D);
+        for (int t = 0; t < T; t++) {
+            if (s->slots[t] < 0) continue;
+            memcpy(w->k_cache + s->slots[t] * KV * D, qkv + t * nq + (int64_t)H * D, sizeof(float) * (size_t)(KV * D));
+            memcpy(w->v_cache + s->slots[t] * KV * D, qkv + t * nq + (int64_t)(H + KV) * D,
+                   sizeof(float) * (size_t)(KV * D));
+        }
+        for (int b = 0; b < s->n_seq && rc == 0; b++) {
+            const int r0 = s->seq_start[b], rn = s->seq_start[b + 1] - r0;
+            rc = skinny_attention(qkv + r0 * nq, nq, rn, H, KV, D, w->k_cache, w->v_cache, s->seq_blocks[b],
+                                  s->block_size, s->seq_len[b], s->seq_mask[b], 0, s->scale,
+                                  o + (int64_t)r0 * H * D, s->threads);
+        }
+        skinny_linear(o, w->wo, NULL, y, T, d, (int64_t)H * D, s->threads);
+        add_into(h, y, (int64_t)T * d);
+        skinny_rms_norm(h, w->mlp_norm, x, T, d, s->eps);
+        skinny_linear(x, w->w_gate_up, NULL, gu, T, 2 * (int64_t)I, d, s->threads);
+        skinny_silu_mul(gu, act, T, I);
+        skinny_linear(act, w->w_down, NULL, y, T, d, I, s->threads);
+        add_into(h, y, (int64_t)T * d);
+    }
+    free(x);
+    free(y);
+    free(qkv);
+    free(o);
+    free(gu);
+    free(act);
+    return rc;
+}
