@@ -26,6 +26,7 @@ from typing import Optional
 
 import torch
 
+from kernels import skinny
 from models.tune import device_name
 
 GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -101,7 +102,9 @@ def _key(model, context: int) -> dict:
             "dtype": str(model.dtype), "backend": model.backend.name, "context": context,
             "shape": [cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads,
                       cfg.num_kv_heads, cfg.head_dim],
-            "products": hashlib.sha256(tables.encode()).hexdigest()[:16]}
+            "products": hashlib.sha256(tables.encode()).hexdigest()[:16],
+            # the CPU kernels' build (kernels/skinny.py): new kernels, new costs
+            "kernels": skinny.build_tag() if model.device.type == "cpu" else None}
 
 
 def step_cost(model, cache_dir: Path | str, context: int = 256, reps: int = 3, measure=None) -> StepCost:

@@ -264,3 +264,14 @@ def test_measured_step_cost_drops_a_transient(tiny, monkeypatch):
     assert calls[0] > 8  # the spell happened
     assert c.ms == pytest.approx([float(t) for t in c.tokens])
     assert c.long_ms == pytest.approx([float(t) for t in c.long_tokens]) and c.per_seq_ms == pytest.approx(0.0)
+
+
+def test_step_cost_is_measured_again_for_another_kernel_build(tiny, tmp_path, monkeypatch):
+    """The costs depend on the CPU kernels: a cost cached with another build is not reused."""
+    from kernels import skinny
+
+    fake_cost.calls = 0
+    step_cost(tiny, tmp_path, measure=fake_cost)
+    monkeypatch.setattr(skinny, "build_tag", lambda: "another-build")
+    step_cost(tiny, tmp_path, measure=fake_cost)
+    assert fake_cost.calls == 2
