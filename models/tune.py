@@ -3,7 +3,8 @@
 
 Each form is timed on the model's own weights of that shape, cycled through (as many as
 make at least 48 MB, so the measurement reads them cold from memory as the forward does),
-for every row bucket; the fastest wins. The forms of a bucket are timed in interleaved
+for every row bucket; the fastest wins (``skinny`` unless another form beats it by more than
+SKINNY_MARGIN). The forms of a bucket are timed in interleaved
 rounds and each keeps its fastest round: on a shared machine one slow spell must not decide
 the table (a median of two calls once cached ``linear`` for the default model's 3072 x 576
 one-row product, 1.6x slower than ``packed``). The table is cached as JSON under
@@ -31,10 +32,16 @@ import torch
 
 from models.linear import BUCKETS, ProductPlan, pack, product
 
-VERSION = 2  # of the measurement (2: fastest of interleaved rounds); older caches are measured again
+VERSION = 3  # of the measurement (2: fastest of interleaved rounds, 3: SKINNY_MARGIN); older caches are measured again
 AUTO_LIMIT = 2 << 30  # bytes of weights up to which "auto" keeps packed copies
 COLD_BYTES = 48 << 20  # weights cycled through per measurement (beyond the caches)
 Timer = Callable[[Callable[[], object], int], float]  # (fn, reps) -> fastest seconds of reps calls
+# ``skinny`` is chosen unless another form is faster than it by more than this factor: its rows do
+# not depend on the step (greedy tokens cannot flip with the step size), and when all four products
+# of the layers are ``skinny`` at a step's rows the whole layer stack is one C call
+# (kernels/cpu/skinny_layers.c), which saves the per-op dispatch: about a quarter of a one-token
+# step on the 2-core CPU, far more than a product 15% slower costs.
+SKINNY_MARGIN = 1.15
 
 
 def _timer(fn, reps: int) -> float:
@@ -153,7 +160,8 @@ def _measure(prods, forms, reps, timer, dev, dtype) -> dict[str, list[str]]:
             for _ in range(reps):  # interleaved rounds, each form's fastest kept
                 for form in forms:
                     times[form] = min(times[form], timer(lambda form=form: sweep(form), 1))
-            table.append(min(forms, key=lambda f: times[f]))
+            best = min(forms, key=lambda f: times[f])
+            table.append("skinny" if "skinny" in times and times["skinny"] <= SKINNY_MARGIN * times[best] else best)
         tables[shape] = table
     return tables
 

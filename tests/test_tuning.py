@@ -275,3 +275,15 @@ def test_step_cost_is_measured_again_for_another_kernel_build(tiny, tmp_path, mo
     monkeypatch.setattr(skinny, "build_tag", lambda: "another-build")
     step_cost(tiny, tmp_path, measure=fake_cost)
     assert fake_cost.calls == 2
+
+
+def test_skinny_wins_within_its_margin(tiny, tmp_path, monkeypatch):
+    """``skinny`` is kept when another form is faster by less than SKINNY_MARGIN (it lets the
+    whole layer stack run as one call), and loses when it is slower by more."""
+    from models.tune import SKINNY_MARGIN
+
+    make, _ = _timed_forms(monkeypatch)
+    near = make(lambda form, r: 1.0 if form == "wxt" else (1.0 + SKINNY_MARGIN) / 2 if form == "skinny" else 3.0)
+    assert all(t == ["skinny"] * len(BUCKETS) for t in tune_model(tiny, tmp_path / "a", "off", timer=near).values())
+    far = make(lambda form, r: 1.0 if form == "wxt" else SKINNY_MARGIN + 0.1 if form == "skinny" else 3.0)
+    assert all(t == ["wxt"] * len(BUCKETS) for t in tune_model(tiny, tmp_path / "b", "off", timer=far).values())
