@@ -28,7 +28,10 @@ from torch import nn
 
 from kernels.skinny import skinny_linear
 
-BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # row counts a table has a form for (more: the last)
+# row counts a table has a form for (more: the last); 256 stands for prefill chunks, where the
+# large-GEMM forms win and a decoding step's choice must not be reused
+BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 256)
+STEP_ROWS = 64  # buckets up to this many rows are decoding steps
 FORMS = ("linear", "wxt", "packed", "skinny")
 
 

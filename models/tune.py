@@ -30,13 +30,14 @@ from typing import Callable, Optional
 
 import torch
 
-from models.linear import BUCKETS, ProductPlan, pack, product
+from models.linear import BUCKETS, STEP_ROWS, ProductPlan, pack, product
 
-VERSION = 3  # of the measurement (2: fastest of interleaved rounds, 3: SKINNY_MARGIN); older caches are measured again
+VERSION = 4  # of the measurement (2: fastest of interleaved rounds, 3: SKINNY_MARGIN, 4: a prefill bucket); older caches are measured again
 AUTO_LIMIT = 2 << 30  # bytes of weights up to which "auto" keeps packed copies
 COLD_BYTES = 48 << 20  # weights cycled through per measurement (beyond the caches)
 Timer = Callable[[Callable[[], object], int], float]  # (fn, reps) -> fastest seconds of reps calls
-# ``skinny`` is chosen unless another form is faster than it by more than this factor: its rows do
+# at a decoding step's rows (<= STEP_ROWS) ``skinny`` is chosen unless another form is faster than
+# it by more than this factor (prefill chunks: the fastest wins): its rows do
 # not depend on the step (greedy tokens cannot flip with the step size), and when all four products
 # of the layers are ``skinny`` at a step's rows the whole layer stack is one C call
 # (kernels/cpu/skinny_layers.c), which saves the per-op dispatch: about a quarter of a one-token
@@ -161,7 +162,8 @@ def _measure(prods, forms, reps, timer, dev, dtype) -> dict[str, list[str]]:
                 for form in forms:
                     times[form] = min(times[form], timer(lambda form=form: sweep(form), 1))
             best = min(forms, key=lambda f: times[f])
-            table.append("skinny" if "skinny" in times and times["skinny"] <= SKINNY_MARGIN * times[best] else best)
+            near = "skinny" in times and times["skinny"] <= SKINNY_MARGIN * times[best] and m <= STEP_ROWS
+            table.append("skinny" if near else best)
         tables[shape] = table
     return tables
 
