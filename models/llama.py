@@ -201,7 +201,8 @@ class Transformer(nn.Module):
         for layer in self.layers:
             tensors += [layer.attn_norm, layer.wqkv.weight, layer.wqkv.bias, layer.wo.weight, layer.mlp_norm,
                         layer.w_gate_up.weight, layer.w_down.weight]
-        key = tuple(0 if t is None else t.data_ptr() for t in tensors)
+        # the cache's shape too: a new cache at a freed one's address may hold another number of blocks
+        key = tuple(0 if t is None else t.data_ptr() for t in tensors) + tuple(k_cache.shape) + tuple(v_cache.shape)
         cached = getattr(self, "_ptrs_cache", None)
         if cached is not None and cached[0] == key:
             return cached[1]

@@ -282,3 +282,39 @@ def test_whole_stack_call_is_bit_for_bit_the_per_op_path(monkeypatch, arch):
     per_op = run()
     for a, b in zip(stacked, per_op):
         assert torch.equal(a, b)
+
+
+def test_whole_stack_after_a_cache_of_another_size_at_the_same_address():
+    """The layer pointers are cached per cache: a new runner's cache may land at the address of a
+    freed one with another number of blocks (another layer stride). Two caches over one storage
+    make that happen for sure: the second must give what a fresh model gives (this once wrote and
+    read layer i's keys i * the old stride past the pool, in memory of others: wrong tokens on CI)."""
+    from helpers import ours_from_hf, tiny_hf_model
+    from models.linear import BUCKETS, ProductPlan
+    from models.runner import ModelRunner, StepInput
+
+    def build():
+        model = ours_from_hf(tiny_hf_model("llama", seed=7)).model
+        for layer in model.layers:
+            for lin in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
+                lin.plan = ProductPlan(["skinny"] * len(BUCKETS))
+        return model
+
+    def run(model, cache_tokens, storage=None):
+        runner = ModelRunner(model, cache_tokens=cache_tokens)
+        if storage is not None:  # the pools at the start of the two storages
+            n = runner.cache.k.numel()
+            runner.cache.k = storage[0][:n].view(runner.cache.k.shape)
+            runner.cache.v = storage[1][:n].view(runner.cache.v.shape)
+        runner.add_sequence(0)
+        runner.step([StepInput(0, list(range(3, 30)))])
+        runner.commit({0: list(range(27))})
+        logits = torch.cat([runner.step([StepInput(0, [31])])[0], runner.step([StepInput(0, [32, 33])])[0]])
+        return logits, runner.cache.k.clone(), runner.cache.v.clone()
+
+    storage = torch.zeros(1 << 20), torch.zeros(1 << 20)
+    model = build()
+    run(model, 512, storage)  # caches the pointers for a 512-token pool at storage's address
+    again = run(model, 128, storage)  # same address, a quarter of the layer stride
+    for a, b in zip(again, run(build(), 128)):  # logits, and keys and values where they belong
+        assert torch.equal(a, b)
