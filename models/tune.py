@@ -32,7 +32,8 @@ import torch
 
 from models.linear import BUCKETS, STEP_ROWS, ProductPlan, pack, product
 
-VERSION = 4  # of the measurement (2: fastest of interleaved rounds, 3: SKINNY_MARGIN, 4: a prefill bucket); older caches are measured again
+VERSION = 5  # of the measurement (2: fastest of interleaved rounds, 3: SKINNY_MARGIN, 4: a prefill bucket,
+# 5: the whole-stack comparison); older caches are measured again
 AUTO_LIMIT = 2 << 30  # bytes of weights up to which "auto" keeps packed copies
 COLD_BYTES = 48 << 20  # weights cycled through per measurement (beyond the caches)
 Timer = Callable[[Callable[[], object], int], float]  # (fn, reps) -> fastest seconds of reps calls
@@ -43,6 +44,13 @@ Timer = Callable[[Callable[[], object], int], float]  # (fn, reps) -> fastest se
 # (kernels/cpu/skinny_layers.c), which saves the per-op dispatch: about a quarter of a one-token
 # step on the 2-core CPU, far more than a product 15% slower costs.
 SKINNY_MARGIN = 1.15
+# Step buckets up to this many rows are also decided for the layer as a whole: a forward with
+# every layer product ``skinny`` (then the stack is one C call) against one with the forms
+# measured one by one, at STACK_CONTEXT keys; the faster wins. The per-product margin above
+# cannot see that one slower product (the 3072-row gate/up product measured 1.2-1.5x slower
+# than oneDNN's at 3-16 rows) costs every layer its dispatch savings.
+STACK_ROWS = 16
+STACK_CONTEXT = 256
 
 
 def _timer(fn, reps: int) -> float:
@@ -85,9 +93,11 @@ def _shape_key(w: torch.Tensor, b: Optional[torch.Tensor]) -> str:
 
 
 def tune_model(model, cache_dir: Path | str, extra_weight_memory: str = "auto", reps: int = 5,
-               timer: Timer = _timer) -> dict[str, list[str]]:
+               timer: Timer = _timer, stack_timer: Optional[Timer] = None) -> dict[str, list[str]]:
     """Measure (or read from the cache) the form table of every weight shape and install it
-    on ``model``; returns {shape: forms per bucket}."""
+    on ``model``; returns {shape: forms per bucket}. ``stack_timer`` times the whole-stack
+    comparison (``_prefer_whole_stack``); None: the real clock when ``timer`` is the real one,
+    else no comparison (a test's fake product timer cannot time forwards)."""
     if extra_weight_memory not in ("auto", "on", "off"):
         raise ValueError(f"extra_weight_memory must be 'auto', 'on' or 'off', got {extra_weight_memory!r}")
     prods = _products(model)
@@ -109,12 +119,68 @@ def tune_model(model, cache_dir: Path | str, extra_weight_memory: str = "auto", 
     tables = _read_cache(path, key)
     if tables is None:
         tables = _measure(prods, forms, reps, timer, dev, dtype)
+        if stack_timer is None and timer is _timer:
+            stack_timer = _timer
+        if skinny_ok and stack_timer is not None:
+            _install(prods, tables)
+            _prefer_whole_stack(model, prods, tables, stack_timer)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"key": key, "tables": tables}, indent=1))
+    _install(prods, tables)
+    return tables
+
+
+def _install(prods, tables) -> None:
     for _, w, b, set_plan in prods:
         table = tables[_shape_key(w, b)]
-        set_plan(ProductPlan(table, pack(w) if "packed" in table else None))
-    return tables
+        set_plan(ProductPlan(list(table), pack(w) if "packed" in table else None))
+
+
+@torch.inference_mode()
+def _prefer_whole_stack(model, prods, tables: dict[str, list[str]], timer: Timer, reps: int = 3) -> None:
+    """For each step bucket of at most STACK_ROWS rows where some layer product is not
+    ``skinny``: time a forward of that many step rows (one sequence, a random tree, STACK_CONTEXT
+    keys) as planned and with every layer product ``skinny``, in interleaved rounds, each
+    keeping its fastest; where all-skinny is faster, write it into ``tables`` (the LM head keeps
+    its own form: it is not in the stack). ``model``'s plans must be installed from ``tables``."""
+    from models.cost import random_tree
+    from models.runner import ModelRunner, StepInput
+
+    layer = [(w, b) for name, w, b, _ in prods if name != "head"]
+    shapes = {_shape_key(w, b) for w, b in layer}
+    plans = [m.plan for m in model.modules() if getattr(m, "plan", None) is not None]
+    gen = torch.Generator().manual_seed(0)
+    context = max(0, min(STACK_CONTEXT, model.cfg.max_position_embeddings - STACK_ROWS - 1))
+    runner = ModelRunner(model, cache_tokens=context + 2 * STACK_ROWS, block_size=16)
+    for i, m in enumerate(BUCKETS):
+        if m > STACK_ROWS or all(tables[s][i] == "skinny" for s in shapes):
+            continue
+        depths, mask = random_tree(m, gen)
+        step = StepInput(0, torch.randint(0, model.cfg.vocab_size, (m,), generator=gen).tolist(), depths,
+                         None if m == 1 else mask)
+        if runner.has_sequence(0):
+            runner.free(0)
+        runner.add_sequence(0)
+        if context:
+            runner.assume_context(0, context)
+        tokens, meta, idx = runner.prepare([step])
+        planned = {id(p): p.table[i] for p in plans}
+
+        def forward(all_skinny: bool):
+            for p in plans:
+                p.table[i] = "skinny" if all_skinny else planned[id(p)]
+            model(tokens, meta, runner.cache.k, runner.cache.v, idx)
+
+        best = {False: float("inf"), True: float("inf")}
+        forward(False), forward(True)  # warm-up
+        for _ in range(reps):
+            for choice in (False, True):
+                best[choice] = min(best[choice], timer(lambda c=choice: forward(c), 1))
+        for p in plans:
+            p.table[i] = planned[id(p)]
+        if best[True] <= best[False]:
+            for s in shapes:
+                tables[s][i] = "skinny"
 
 
 def _read_cache(path: Path, key: dict) -> Optional[dict]:

@@ -288,3 +288,37 @@ def test_skinny_wins_within_its_margin(tiny, tmp_path, monkeypatch):
     assert all(t == steps for t in tune_model(tiny, tmp_path / "a", "off", timer=near).values())
     far = make(lambda form, r: 1.0 if form == "wxt" else SKINNY_MARGIN + 0.1 if form == "skinny" else 3.0)
     assert all(t == ["wxt"] * len(BUCKETS) for t in tune_model(tiny, tmp_path / "b", "off", timer=far).values())
+
+
+@pytest.mark.skipif(not skinny.available(), reason=f"skinny kernel: {skinny.unavailable_reason()}")
+@pytest.mark.parametrize("stack_faster", [True, False])
+def test_whole_stack_decided_by_timing_forwards(tiny, tmp_path, monkeypatch, stack_faster):
+    """Where a layer product measured faster in another form at a step's rows, a forward with
+    every layer product ``skinny`` (one C call for the stack) is timed against the forward as
+    planned; the faster decides the layer products' forms at that bucket (up to STACK_ROWS
+    rows), the LM head keeps its own, and the forwards really run."""
+    from models.tune import STACK_ROWS
+
+    make, _ = _timed_forms(monkeypatch)
+    by_product = make(lambda form, r: 1.0 if form == "wxt" else 2.0)
+    configs = []
+
+    def stack_timer(fn, reps):
+        fn()
+        all_skinny = "skinny" in tiny.layers[0].wqkv.plan.table  # the products alone chose wxt everywhere
+        configs.append(all_skinny)
+        return (1.0 if all_skinny else 2.0) if stack_faster else (2.0 if all_skinny else 1.0)
+
+    tables = tune_model(tiny, tmp_path, "off", timer=by_product, stack_timer=stack_timer)
+    head = _shape_of(tiny.head_weight, None)
+    small = [m <= STACK_ROWS for m in BUCKETS]
+    for shape, table in tables.items():
+        want = ["skinny" if s and stack_faster and shape != head else "wxt" for s in small]
+        assert table == want, shape
+    assert configs.count(True) == configs.count(False) == 3 * sum(small)
+    assert tiny.layers[0].w_down.plan.table == tables[_shape_of(tiny.layers[0].w_down.weight, None)]
+
+
+def _shape_of(w, b):
+    from models.tune import _shape_key
+    return _shape_key(w, b)
