@@ -4,7 +4,8 @@
 Each form is timed on the model's own weights of that shape, cycled through (as many as
 make at least 48 MB, so the measurement reads them cold from memory as the forward does),
 for every row bucket; the fastest wins (``skinny`` unless another form beats it by more than
-SKINNY_MARGIN). The forms of a bucket are timed in interleaved
+SKINNY_MARGIN; at steps of up to STACK_ROWS rows a whole forward with every layer product
+``skinny``, the stack then one C call, is timed against the per-product choice). The forms of a bucket are timed in interleaved
 rounds and each keeps its fastest round: on a shared machine one slow spell must not decide
 the table (a median of two calls once cached ``linear`` for the default model's 3072 x 576
 one-row product, 1.6x slower than ``packed``). The table is cached as JSON under
