@@ -5,10 +5,10 @@ Each form is timed on the model's own weights of that shape, cycled through (as 
 make at least 48 MB, so the measurement reads them cold from memory as the forward does),
 for every row bucket; the fastest wins (``skinny`` unless another form beats it by more than
 SKINNY_MARGIN; at steps of up to STACK_ROWS rows a whole forward with every layer product
-``skinny``, the stack then one C call, is timed against the per-product choice). The forms of a bucket are timed in interleaved
-rounds and each keeps its fastest round: on a shared machine one slow spell must not decide
-the table (a median of two calls once cached ``linear`` for the default model's 3072 x 576
-one-row product, 1.6x slower than ``packed``). The table is cached as JSON under
+``skinny``, the stack then one C call, is timed against the per-product choice). The forms of
+a bucket are timed in interleaved rounds and each keeps its fastest round: on a shared machine
+one slow spell must not decide the table (a median of two calls once cached ``linear`` for
+the default model's 3072 x 576 one-row product, 1.6x slower than ``packed``). The table is cached as JSON under
 ``cache_dir/tune/`` keyed by the device, thread count, torch version, dtype, the shapes and
 the memory policy; a corrupt or foreign cache file is ignored with a warning and measured
 again. On a GPU the candidates are torch's own forms only, and ``linear`` (plain cuBLAS) is
@@ -101,6 +101,8 @@ def tune_model(model, cache_dir: Path | str, extra_weight_memory: str = "auto", 
     else no comparison (a test's fake product timer cannot time forwards)."""
     if extra_weight_memory not in ("auto", "on", "off"):
         raise ValueError(f"extra_weight_memory must be 'auto', 'on' or 'off', got {extra_weight_memory!r}")
+    if stack_timer is not None and not callable(stack_timer):
+        raise ValueError(f"stack_timer must be None or a callable (fn, reps) -> seconds, got {stack_timer!r}")
     prods = _products(model)
     dev, dtype = model.device, model.dtype
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -147,8 +149,7 @@ def _prefer_whole_stack(model, prods, tables: dict[str, list[str]], timer: Timer
     from models.cost import random_tree
     from models.runner import ModelRunner, StepInput
 
-    layer = [(w, b) for name, w, b, _ in prods if name != "head"]
-    shapes = {_shape_key(w, b) for w, b in layer}
+    shapes = {_shape_key(w, b) for name, w, b, _ in prods if name != "head"}
     plans = [m.plan for m in model.modules() if getattr(m, "plan", None) is not None]
     gen = torch.Generator().manual_seed(0)
     context = max(0, min(STACK_CONTEXT, model.cfg.max_position_embeddings - STACK_ROWS - 1))
@@ -173,7 +174,8 @@ def _prefer_whole_stack(model, prods, tables: dict[str, list[str]], timer: Timer
             model(tokens, meta, runner.cache.k, runner.cache.v, idx)
 
         best = {False: float("inf"), True: float("inf")}
-        forward(False), forward(True)  # warm-up
+        forward(False)  # warm-up
+        forward(True)
         for _ in range(reps):
             for choice in (False, True):
                 best[choice] = min(best[choice], timer(lambda c=choice: forward(c), 1))

@@ -317,6 +317,8 @@ def test_whole_stack_decided_by_timing_forwards(tiny, tmp_path, monkeypatch, sta
         assert table == want, shape
     assert configs.count(True) == configs.count(False) == 3 * sum(small)
     assert tiny.layers[0].w_down.plan.table == tables[_shape_of(tiny.layers[0].w_down.weight, None)]
+    with pytest.raises(ValueError, match="stack_timer must be None or a callable"):
+        tune_model(tiny, tmp_path / "bad", "off", timer=by_product, stack_timer=3)
 
 
 def _shape_of(w, b):
