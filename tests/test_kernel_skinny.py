@@ -81,10 +81,11 @@ def dense_attention(q, k_cache, v_cache, block_ids, length, mask, causal, scale)
 
 
 @pytest.mark.parametrize("t,h,kv,d,length,bs", [(1, 9, 3, 64, 300, 16), (5, 4, 2, 16, 37, 4), (17, 6, 1, 24, 70, 8),
-                                               (3, 8, 8, 128, 9, 16)])
+                                               (3, 8, 8, 128, 9, 16), (2, 2, 1, 264, 50, 16)])
 @pytest.mark.parametrize("mode", ["all", "mask", "causal"])
 def test_attention_matches_reference(t, h, kv, d, length, bs, mode):
-    """GQA groups of 1 to 6, head dims 16 to 128 (also not a multiple of 64), shuffled blocks,
+    """GQA groups of 1 to 6, head dims 16 to 264 (also not a multiple of 32 or 64, and past the
+    kernel's 256-float buffer), step queries that fill the kernel's blocks of 3 and that do not, shuffled blocks,
     a partial last block, strided q rows (a slice of a fused q/k/v tensor), random masks with
     a row that sees nothing."""
     g = torch.Generator().manual_seed(t * 100 + length)
