@@ -139,6 +139,7 @@ static void split_task(const job *a, int kvh, int64_t j0, int64_t j1) {
         vp[i] = vh + a->off[jj];
     }
     __m256 vis[SPLIT / 8];
+    int vis_row = -1, vis_any = 0; /* the row vis holds (consecutive queries share rows) */
     float sc[QB][SPLIT];
     const int NQ = T * G;
     for (int q0 = 0; q0 < NQ; q0 += QB) {
@@ -154,7 +155,11 @@ static void split_task(const job *a, int kvh, int64_t j0, int64_t j1) {
         for (int c = 0; c < nb * 8; c += 4) qk_4(sc, c, qp, kp + c, D);
         for (int i = 0; i < QB; i++) {
             const int t = (q0 + (i < nq ? i : 0)) / G;
-            live[i] = visible(a, t, j0, n, vis);
+            if (t != vis_row) {
+                vis_any = visible(a, t, j0, n, vis);
+                vis_row = t;
+            }
+            live[i] = vis_any;
             if (!live[i]) { /* all hidden: numerators 0, so the value sums below are 0 too */
                 memset(sc[i], 0, sizeof(float) * (size_t)(nb * 8));
                 continue;
@@ -176,18 +181,16 @@ static void split_task(const job *a, int kvh, int64_t j0, int64_t j1) {
             outp[i][0] = m;
             outp[i][1] = hsum8(tot);
         }
-        float sums[QB][256 + 8];
+        /* the weighted sums: into a buffer, or (D > 256) straight into part, where the copies of
+         * query 0 in a short group write the same numbers as query 0 itself */
+        float sums[QB][256];
         float *sp[QB];
         for (int i = 0; i < QB; i++) sp[i] = D <= 256 ? sums[i] : outp[i] + 2;
         int d0 = 0;
-        if (D <= 256) {
-            for (; d0 + 32 <= D; d0 += 32) pv_4(sp, (const float(*)[SPLIT])sc, vp, nb * 8, d0);
-            for (; d0 < D; d0 += 8) pv_1(sp, (const float(*)[SPLIT])sc, vp, nb * 8, d0);
-            for (int i = nq - 1; i >= 0; i--) memcpy(outp[i] + 2, sums[i], sizeof(float) * (size_t)D);
-        } else { /* write straight into part; copies of query 0 write the same numbers there */
-            for (; d0 + 32 <= D; d0 += 32) pv_4(sp, (const float(*)[SPLIT])sc, vp, nb * 8, d0);
-            for (; d0 < D; d0 += 8) pv_1(sp, (const float(*)[SPLIT])sc, vp, nb * 8, d0);
-        }
+        for (; d0 + 32 <= D; d0 += 32) pv_4(sp, (const float(*)[SPLIT])sc, vp, nb * 8, d0);
+        for (; d0 < D; d0 += 8) pv_1(sp, (const float(*)[SPLIT])sc, vp, nb * 8, d0);
+        if (D <= 256)
+            for (int i = 0; i < nq; i++) memcpy(outp[i] + 2, sums[i], sizeof(float) * (size_t)D);
         for (int i = 0; i < nq; i++)
             if (!live[i]) {
                 outp[i][0] = -INFINITY;
