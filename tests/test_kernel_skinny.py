@@ -319,3 +319,46 @@ def test_whole_stack_after_a_cache_of_another_size_at_the_same_address():
     again = run(model, 128, storage)  # same address, a quarter of the layer stride
     for a, b in zip(again, run(build(), 128)):  # logits, and keys and values where they belong
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("how", ["setattr", "data", "module"])
+def test_whole_stack_sees_weights_replaced_after_a_step(how):
+    """The whole-stack call keeps its layer walk between steps: a weight replaced afterwards (a
+    new Parameter, new ``.data``, a new Linear) must be what the next step uses, as in a model
+    built with that weight."""
+    from helpers import ours_from_hf, tiny_hf_model
+    from models.linear import BUCKETS, Linear, ProductPlan
+    from models.runner import ModelRunner, StepInput
+
+    def build():
+        model = ours_from_hf(tiny_hf_model("llama", seed=7)).model
+        for layer in model.layers:
+            for lin in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
+                lin.plan = ProductPlan(["skinny"] * len(BUCKETS))
+        return model
+
+    def logits(model):
+        runner = ModelRunner(model, cache_tokens=128)
+        runner.add_sequence(0)
+        runner.step([StepInput(0, list(range(3, 20)))])
+        runner.commit({0: list(range(17))})
+        return runner.step([StepInput(0, [21, 22])])[0]
+
+    new_w = torch.randn_like(build().layers[1].w_down.weight) * 0.05
+    model = build()
+    before = logits(model)
+    lin = model.layers[1].w_down
+    if how == "setattr":
+        lin.weight = torch.nn.Parameter(new_w.clone())
+    elif how == "data":
+        lin.weight.data = new_w.clone()
+    else:
+        fresh = Linear(new_w.shape[1], new_w.shape[0], bias=False)
+        fresh.weight.data = new_w.clone()
+        fresh.plan = lin.plan
+        model.layers[1].w_down = fresh
+    expected = build()
+    expected.layers[1].w_down.weight.data = new_w.clone()
+    after = logits(model)
+    assert not torch.equal(after, before)
+    assert torch.equal(after, logits(expected))
