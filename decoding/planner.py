@@ -270,15 +270,20 @@ class Planner:
         gain = len(trees) + sum(probs[n] for p, probs in zip(pinned, all_probs) for n in p)
         best, best_k = gain / self._time(tokens), 0
         taken = []
+        rest = sum(it.value for it in items)  # gain the items not yet looked at could still add
         for it in items:
+            rest -= it.value
             if tokens[it.seq] + it.tokens > self.cfg.max_tokens:
                 continue
             tokens[it.seq] += it.tokens
             gain += it.value
             taken.append(it)
-            r = gain / self._time(tokens)
+            t = self._time(tokens)
+            r = gain / t
             if r > best:
                 best, best_k = r, len(taken)
+            elif (gain + rest) / t <= best:  # step time grows with tokens: no longer prefix can win
+                break
         keep = [[0] + p for p in pinned]
         for it in taken[:best_k]:
             keep[it.seq] += it.nodes
