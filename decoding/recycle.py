@@ -109,5 +109,5 @@ def learn_from(table: Table, outcome: Outcome, top_k: int) -> None:
     on_path = set(outcome.path)
     nodes = sorted(outcome.rows, key=lambda n: (n in on_path, n))
     k = min(top_k, outcome.logits.shape[-1])
-    top = outcome.logits[[outcome.rows[n] for n in nodes]].topk(k, dim=-1).indices.tolist()
-    refresh(table, [outcome.tree.tokens[n] for n in nodes], top)
+    top = outcome.logits.topk(k, dim=-1).indices.tolist()  # every row: no gathered copy of the logits
+    refresh(table, [outcome.tree.tokens[n] for n in nodes], [top[outcome.rows[n]] for n in nodes])
