@@ -87,6 +87,7 @@ class Outcome:
     logits: torch.Tensor  # (R, V) fp32 rows the forward computed for this sequence
     rows: dict[int, int]  # node -> its row in ``logits`` (nodes that were sent and needed logits)
     sent: int  # query tokens the step sent for this sequence
+    _top1: Optional[list[int]] = field(default=None, init=False, repr=False, compare=False)  # per row
 
     @property
     def accepted(self) -> int:
@@ -103,7 +104,9 @@ class Outcome:
         """The model's most likely next token after each of ``nodes`` (one batched argmax)."""
         if not nodes:
             return []
-        return self.logits[[self.rows[n] for n in nodes]].argmax(-1).tolist()
+        if self._top1 is None:  # every row at once (no gathered copy of the rows), kept for later calls
+            self._top1 = self.logits.argmax(-1).tolist()
+        return [self._top1[self.rows[n]] for n in nodes]
 
 
 S = TypeVar("S", bound=SeqState)

@@ -27,10 +27,10 @@ def verify(tree: StepTree, logits: torch.Tensor, rows: dict[int, int], sampling:
     """The one entry for one-hot drafts: ``logits`` (R, V) with ``rows[node]`` its row, for
     every candidate node that was sent. Returns (accepted path, root first; bonus token)."""
     nodes = [n for n in rows if tree.candidate[n]]
-    picked = logits[[rows[n] for n in nodes]]
-    if sampling.greedy:
-        return verify_greedy(tree, dict(zip(nodes, picked.argmax(-1).tolist())))
-    probs = probs_from_logits(picked, sampling)
+    if sampling.greedy:  # argmax of every row (no gathered copy of the rows), then picked
+        top1 = logits.argmax(-1).tolist()
+        return verify_greedy(tree, {n: top1[rows[n]] for n in nodes})
+    probs = probs_from_logits(logits[[rows[n] for n in nodes]], sampling)
     return verify_sampling(tree, dict(zip(nodes, probs)), generator)
 
 
