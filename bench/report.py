@@ -22,6 +22,11 @@ def summarize(records: list[dict]) -> dict[tuple[str, str], dict]:
         runs = _tok_s_runs(rs, new)
         ttft = [r["ttft_s"] for r in rs if r.get("ttft_s") is not None]
         peaks = [r for r in rs if r.get("peak_mem_mib") is not None]
+        # after the first token (batch 1): the tokens decoding added over the time it took, without
+        # the prefill, which every method shares and which dilutes their differences on long prompts
+        after_first = [r["time_s"] - r["ttft_s"] for r in rs if r.get("ttft_s") is not None]
+        decode_tok_s = (sum(r["new_tokens"] - 1 for r in rs) / sum(after_first)
+                        if len(after_first) == len(rs) and sum(after_first) > 0 else float("nan"))
         out[(method, task)] = {
             "prompts": len(rs), "new_tokens": new, "time_s": secs, "forwards": fwd,
             # tokens/s: the median over repeats of (new tokens / time of all the group's prompts)
@@ -32,12 +37,15 @@ def summarize(records: list[dict]) -> dict[tuple[str, str], dict]:
             if fwd and all(r.get("step_tokens") is not None for r in rs) else float("nan"),
             "identical": (sum(same) / len(same)) if same else None,
             "ttft_s": statistics.median(ttft) if ttft else None,
+            "decode_tok_s": decode_tok_s,
             "peak_mem_mib": max(r["peak_mem_mib"] for r in peaks) if peaks else None,
             "peak_mem_rise_mib": max(r["peak_mem_rise_mib"] for r in peaks) if peaks else None,
         }
     for (method, task), s in out.items():
         base = out.get(("ar", task))
         s["speedup"] = s["tok_s"] / base["tok_s"] if base and base["tok_s"] > 0 else float("nan")
+        s["decode_speedup"] = (s["decode_tok_s"] / base["decode_tok_s"]
+                               if base and base["decode_tok_s"] > 0 else float("nan"))
     return out
 
 
@@ -86,7 +94,12 @@ def markdown(records: list[dict], header: dict, methods: list[str], tasks: list[
                          f"| {rng} | {_fmt(x['speedup'])} | {_fmt(x['tau'])} | {_fmt(x['mean_step_tokens'], '.1f')} "
                          f"| {_fmt(ttft, '.0f')} | {mem} | {ident} |")
     lines.append("")
-    for metric, title in (("speedup", "speedup over ar"), ("tau", "tau (new tokens per forward)")):
+    tables = [("speedup", "speedup over ar")]
+    if header.get("batch_size") == 1:  # a batch shares its wall time: no per-sequence decoding time
+        tables.append(("decode_speedup", "speedup over ar after the first token (decoding alone, without "
+                                         "the prefill every method shares)"))
+    tables.append(("tau", "tau (new tokens per forward)"))
+    for metric, title in tables:
         lines += [f"### {title}", "", "| method | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
         for m in methods:
             lines.append(f"| {m} | " + " | ".join(_fmt(s.get((m, t), {}).get(metric)) for t in cols) + " |")

@@ -79,6 +79,27 @@ def test_report_tau_ratio_to_hf_pld_is_a_mean_over_tasks():
     assert "| pld | 1.00 | 2.00 | 1.50 |" in md
 
 
+
+def test_report_decode_speedup_leaves_out_the_prefill():
+    """After the first token: (new tokens - 1) over (time - TTFT) per method, over ar's; shown at
+    batch 1 only (a batch shares its wall time)."""
+    from bench.report import markdown, summarize
+
+    def rec(method, new, secs, ttft):
+        return {"method": method, "task": "a", "new_tokens": new, "forwards": new, "time_s": secs,
+                "ttft_s": ttft, "identical_to_ar": True, "step_tokens": None}
+
+    # the same 2 s prefill: 1.5x faster overall, 3x faster after the first token
+    records = [rec("ar", 101, 5.0, 2.0), rec("pld", 101, 3.0, 2.0 - 1e-9)]
+    s = summarize(records)
+    assert s[("pld", "a")]["speedup"] == pytest.approx(5 / 3)
+    assert s[("pld", "a")]["decode_speedup"] == pytest.approx(3.0)
+    assert s[("ar", "a")]["decode_tok_s"] == pytest.approx(100 / 3)
+    assert "| pld | 3.00 |" in markdown(records, {"batch_size": 1}, ["ar", "pld"], ["a"])
+    assert "after the first token" not in markdown(records, {"batch_size": 4}, ["ar", "pld"], ["a"])
+    no_ttft = [dict(r, ttft_s=None) for r in records]
+    assert summarize(no_ttft)[("pld", "a")]["decode_speedup"] != summarize(no_ttft)[("pld", "a")]["decode_speedup"]  # nan
+
 # ----------------------------------------------------------------------------- Spec-Bench files, repeats, answers
 
 QUESTIONS = [
