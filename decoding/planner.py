@@ -42,6 +42,9 @@ class PlannerConfig:
     window_weight: float = 50.0  # pseudo column-steps behind window_rate
     max_tokens: int = 128  # most step tokens per sequence
     learn_overhead: bool = True  # add the host's per-step time (wall time - predicted forward), a + b x tokens
+    # drafts are sent only when they promise this much more than a one-token step (tokens per unit
+    # of predicted time): the cost model's error is a few percent, so a smaller promise can be a loss
+    min_gain: float = 0.0
 
     def __post_init__(self):
         if not 0.0 < self.prior < 1.0:
@@ -57,6 +60,8 @@ class PlannerConfig:
             raise ValueError(f"explore must be >= 0, got {self.explore}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not self.min_gain >= 0:
+            raise ValueError(f"min_gain must be >= 0, got {self.min_gain}")
 
 
 class Acceptance:
@@ -221,7 +226,7 @@ class Planner:
         out = []
         for b, sid in enumerate(sids):
             acc, tokens = self.acceptance(sid), [1] * len(sids)
-            best, best_d, p, gain = len(sids) / self._time(tokens), 0, 1.0, float(len(sids))
+            best, best_d, p, gain = len(sids) / self._time(tokens) * (1 + self.cfg.min_gain), 0, 1.0, float(len(sids))
             for d in range(1, self.cfg.max_tokens):
                 p *= max(acc.optimistic((bit, min(d, MAX_DEPTH_KEY), 0, acc.streak)) for bit in bits)
                 gain += p
@@ -268,7 +273,7 @@ class Planner:
         items.sort(key=lambda it: (-it.value / (it.tokens * unit[it.seq]), it.order))
         tokens = [1 + len(p) for p in pinned]
         gain = len(trees) + sum(probs[n] for p, probs in zip(pinned, all_probs) for n in p)
-        best, best_k = gain / self._time(tokens), 0
+        best, best_k = gain / self._time(tokens) * (1 + self.cfg.min_gain), 0
         taken = []
         rest = sum(it.value for it in items)  # gain the items not yet looked at could still add
         for it in items:

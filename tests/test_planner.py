@@ -59,6 +59,17 @@ def test_select_on_a_chain(cost, keep):
     assert Planner(cost, FIXED).select([0], [chain(6)]) == [keep]
 
 
+@pytest.mark.parametrize("min_gain, keep, depth", [(0.0, [0, 1, 2], 2), (0.3, [0, 1, 2], 2), (0.35, [0], 0)])
+def test_min_gain_is_the_promise_drafts_must_beat(min_gain, keep, depth):
+    """The best prefix promises (1 + .4 + .16) / 13 tokens per ms, 1.32x a one-token step's
+    1 / 11: sent at a required gain of 30%, not at 35% (then a one-token step)."""
+    cfg = PlannerConfig(prior=0.4, learn_overhead=False, explore=0.0, min_gain=min_gain)
+    assert Planner(linear_cost(10, 1), cfg).select([0], [chain(6)]) == [keep]
+    assert Planner(linear_cost(10, 1), cfg).max_depth([0], PLD) == [depth]
+    with pytest.raises(ValueError, match="min_gain"):
+        PlannerConfig(min_gain=-0.1)
+
+
 def test_select_ranks_nodes_across_the_batch():
     # a: nothing accepted so far (rates near 0); b: everything accepted. Tokens cost 1 of 10.
     plan = Planner(linear_cost(10, 1), FIXED)
