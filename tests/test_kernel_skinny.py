@@ -220,6 +220,16 @@ def test_rope_bad_input_is_named():
         skinny.rope_(torch.randn(2, 32).double(), cos, cos, 1)
 
 
+def all_skinny(model):
+    """``model`` with every product planned ``skinny`` at every row bucket (the whole-stack path's
+    condition), returned for chaining."""
+    from models.linear import BUCKETS, ProductPlan
+    for layer in model.layers:
+        for lin in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
+            lin.plan = ProductPlan(["skinny"] * len(BUCKETS))
+    return model
+
+
 def test_forward_with_and_without_the_kernels(monkeypatch):
     """The tiny model's logits with every CPU kernel (products, attention, norms, SiLU) and
     with none of them agree to float rounding."""
@@ -236,10 +246,7 @@ def test_forward_with_and_without_the_kernels(monkeypatch):
         runner.commit({0: [0, 1, 2, 3, 4]})
         return torch.cat([first, runner.step([StepInput(0, [8])])[0], runner.step([StepInput(0, [9, 10])])[0]])
 
-    from models.linear import BUCKETS, ProductPlan
-    for layer in model.layers:
-        for lin in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
-            lin.plan = ProductPlan(["skinny"] * len(BUCKETS))
+    all_skinny(model)
     with_kernels = logits()
     for layer in model.layers:
         for lin in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
@@ -253,15 +260,11 @@ def test_whole_stack_call_is_bit_for_bit_the_per_op_path(monkeypatch, arch):
     """Every layer in one C call (a ragged batch: one sequence with a tree mask, one causal)
     gives the same logits and the same cache, bit for bit, as the per-op forward, and runs."""
     from helpers import ours_from_hf, tiny_hf_model
-    from models.linear import BUCKETS, ProductPlan
     from models.llama import Transformer
     from models.runner import ModelRunner, StepInput
 
-    model = ours_from_hf(tiny_hf_model(arch, seed=7)).model
+    model = all_skinny(ours_from_hf(tiny_hf_model(arch, seed=7)).model)
     assert model.cfg.head_dim % 16 == 0
-    for layer in model.layers:
-        for lin in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
-            lin.plan = ProductPlan(["skinny"] * len(BUCKETS))
     tree = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]],
                         dtype=torch.bool)
 
@@ -291,15 +294,10 @@ def test_whole_stack_after_a_cache_of_another_size_at_the_same_address():
     make that happen for sure: the second must give what a fresh model gives (this once wrote and
     read layer i's keys i * the old stride past the pool, in memory of others: wrong tokens on CI)."""
     from helpers import ours_from_hf, tiny_hf_model
-    from models.linear import BUCKETS, ProductPlan
     from models.runner import ModelRunner, StepInput
 
     def build():
-        model = ours_from_hf(tiny_hf_model("llama", seed=7)).model
-        for layer in model.layers:
-            for lin in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
-                lin.plan = ProductPlan(["skinny"] * len(BUCKETS))
-        return model
+        return all_skinny(ours_from_hf(tiny_hf_model("llama", seed=7)).model)
 
     def run(model, cache_tokens, storage=None):
         runner = ModelRunner(model, cache_tokens=cache_tokens)
@@ -327,15 +325,11 @@ def test_whole_stack_sees_weights_replaced_after_a_step(how):
     new Parameter, new ``.data``, a new Linear) must be what the next step uses, as in a model
     built with that weight."""
     from helpers import ours_from_hf, tiny_hf_model
-    from models.linear import BUCKETS, Linear, ProductPlan
+    from models.linear import Linear
     from models.runner import ModelRunner, StepInput
 
     def build():
-        model = ours_from_hf(tiny_hf_model("llama", seed=7)).model
-        for layer in model.layers:
-            for lin in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
-                lin.plan = ProductPlan(["skinny"] * len(BUCKETS))
-        return model
+        return all_skinny(ours_from_hf(tiny_hf_model("llama", seed=7)).model)
 
     def logits(model):
         runner = ModelRunner(model, cache_tokens=128)
