@@ -59,6 +59,26 @@ def test_select_on_a_chain(cost, keep):
     assert Planner(cost, FIXED).select([0], [chain(6)]) == [keep]
 
 
+def test_select_stops_scanning_once_nothing_left_can_win():
+    """On a long chain the best prefix is [0, 1, 2] (see above); the scan stops a few items
+    later, when even every remaining node's gain could not beat it, instead of pricing all 40."""
+    calls = []
+    cost = linear_cost(10, 1)
+    plan = Planner(lambda tokens: calls.append(1) or cost(tokens), FIXED)
+    assert plan.select([0], [chain(40)]) == [[0, 1, 2]]
+    assert len(calls) < 12
+
+
+def test_outcome_argmax_per_node_from_one_pass():
+    """Outcome.argmax picks each node's row of one argmax over all rows, kept between calls."""
+    logits = torch.randn(3, 50)
+    out = Outcome(tree=chain(3), path=[0], new_tokens=[], logits=logits, rows={0: 2, 1: 0, 2: 1}, sent=3)
+    top1 = logits.argmax(-1).tolist()
+    assert out.argmax([1]) == [top1[0]]
+    assert out.argmax([2, 0, 1]) == [top1[1], top1[2], top1[0]]
+    assert out.argmax([]) == []
+
+
 @pytest.mark.parametrize("min_gain, keep, depth", [(0.0, [0, 1, 2], 2), (0.3, [0, 1, 2], 2), (0.35, [0], 0)])
 def test_min_gain_is_the_promise_drafts_must_beat(min_gain, keep, depth):
     """The best prefix promises (1 + .4 + .16) / 13 tokens per ms, 1.32x a one-token step's
