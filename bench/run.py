@@ -173,10 +173,11 @@ def main(argv=None) -> int:
                              + f"; +{cost.per_seq_ms:.2f} ms per extra sequence"
                              + (f"; at context {cost.long_context}: "
                                 + ", ".join(f"{t}: {m:.1f}" for t, m in zip(cost.long_tokens, cost.long_ms))
-                                if cost.long_context else ""))
+                                if cost.long_context else "")
+                             + f"; {cost.origin}")
         head["step_cost_curve"] = {"tokens": cost.tokens, "ms": cost.ms, "per_seq_ms": cost.per_seq_ms,
                                    "long_context": cost.long_context, "long_tokens": cost.long_tokens,
-                                   "long_ms": cost.long_ms}
+                                   "long_ms": cost.long_ms, "origin": cost.origin}
         print(f"step cost: {head['step cost']}", flush=True)
     results = bench.run(records)
 

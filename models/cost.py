@@ -12,6 +12,13 @@ sequences' committed lengths are given, each sequence's attention cost for its o
 (linear in the length, from the two curves at its own step tokens). The cache file lives under
 ``cache_dir/cost/``; one that is corrupt or was written for another device, model, dtype,
 kernel backend or product table is ignored with a warning and measured again.
+
+A cached curve is also checked against the machine as it is now, in a fraction of a second:
+steps of ``CHECK_TOKENS`` tokens are timed (fastest of a few rounds) and when a one-token step
+or the 16-token / one-token ratio is off the cached curve by more than ``CHECK_TOLERANCE``
+(a shared machine that got slower, another process on the cores, a cache carried to another
+host of the same name), the curve is measured again with a warning. ``StepCost.origin`` says
+which of these happened.
 """
 
 import bisect
@@ -33,6 +40,8 @@ GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 LONG_GRID = (1, 4, 16, 64)
 BATCHES = (2, 4, 8)
 VERSION = 3  # of the cache's content (3: fastest of interleaved rounds)
+CHECK_TOKENS = (1, 16)  # step tokens timed to check a cached curve against the machine
+CHECK_TOLERANCE = 0.25  # relative drift (either way) past which a cached curve is measured again
 
 
 @dataclass
@@ -50,6 +59,7 @@ class StepCost:
         # step-token count (plain attributes, not fields: not in asdict / the cache file)
         self._curve_memo: dict[int, float] = {}
         self._slope_memo: dict[int, float] = {}
+        self.origin = "given"  # step_cost sets: "measured", "cache (checked: ...)", "measured again (...)"
 
     def __call__(self, step_tokens: list[int], contexts: Optional[list[int]] = None) -> float:
         """Predicted ms of a forward whose sequences send ``step_tokens`` tokens each, over
@@ -107,18 +117,51 @@ def _key(model, context: int) -> dict:
             "kernels": skinny.build_tag() if model.device.type == "cpu" else None}
 
 
-def step_cost(model, cache_dir: Path | str, context: int = 256, reps: int = 3, measure=None) -> StepCost:
-    """The model's step cost: from the cache, else measured (``measure(model, context, reps)``
-    -> StepCost, the real measurement by default; tests pass a fake)."""
+def step_cost(model, cache_dir: Path | str, context: int = 256, reps: int = 3, measure=None, probe=None,
+              check: bool = True) -> StepCost:
+    """The model's step cost: from the cache if it still matches the machine, else measured
+    (``measure(model, context, reps)`` -> StepCost, the real measurement by default; tests pass
+    a fake). ``check``: time ``CHECK_TOKENS``-token steps (``probe(model, context, tokens)`` ->
+    {tokens: ms}, ``probe_step_cost`` by default) and measure again when the cached curve is
+    off by more than ``CHECK_TOLERANCE``."""
     key = _key(model, context)
     path = Path(cache_dir) / "cost" / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
                                        + ".json")
-    cost = _read(path, key)
+    cost, origin = _read(path, key), "measured"
+    if cost is not None and check:
+        seen = (probe or probe_step_cost)(model, context, CHECK_TOKENS)
+        drift = drifted(cost, seen)
+        if drift is not None:
+            warnings.warn(f"step-cost cache {path} no longer matches this machine ({drift}); measuring again")
+            cost, origin = None, f"measured again ({drift})"
+        else:
+            origin = "cache (checked now: " + ", ".join(f"{t} tokens {ms:.1f} ms" for t, ms in sorted(seen.items())) + ")"
+    elif cost is not None:
+        origin = "cache (not checked)"
     if cost is None:
         cost = (measure or measure_step_cost)(model, context, reps)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"key": key, "cost": asdict(cost)}, indent=1))
+    cost.origin = origin
     return cost
+
+
+def drifted(cost: StepCost, seen: dict[int, float], tol: float = CHECK_TOLERANCE) -> Optional[str]:
+    """None when steps timed now (``seen``: step tokens -> ms, one of them 1 token) agree with
+    the curve within ``tol`` (relative, either way), else what disagrees: the one-token time,
+    or the ratio of each larger step to it (the curve's shape, which the planner's choices
+    follow)."""
+    lo, hi = 1.0 / (1.0 + tol), 1.0 + tol
+    one = seen[1] / cost.curve(1)
+    if not lo <= one <= hi:
+        return f"a one-token step takes {seen[1]:.1f} ms, the cache says {cost.curve(1):.1f}"
+    for t in sorted(seen):
+        if t == 1:
+            continue
+        now, then = seen[t] / seen[1], cost.curve(t) / cost.curve(1)
+        if not lo <= now / then <= hi:
+            return f"a {t}-token step costs {now:.2f}x a one-token step, the cache says {then:.2f}x"
+    return None
 
 
 def _read(path: Path, key: dict) -> Optional[StepCost]:
@@ -203,6 +246,47 @@ def measure_step_cost(model, context: int = 256, reps: int = 3) -> StepCost:
         runner.free(s)
     return StepCost(list(GRID), ms, statistics.median(extra), context,
                     long_context if long_ms else 0, list(LONG_GRID) if long_ms else [], long_ms)
+
+
+@torch.inference_mode()
+def probe_step_cost(model, context: int = 256, tokens: tuple[int, ...] = CHECK_TOKENS, rounds: int = 3,
+                    min_s: float = 0.1, max_rounds: int = 30) -> dict[int, float]:
+    """Forward ms of one step of each of ``tokens`` tokens (batch 1, ``context`` committed
+    tokens, random draft trees as in ``measure_step_cost``): the fastest of ``rounds`` rounds
+    after a warm-up round, more (up to ``max_rounds``) while they took less than ``min_s``
+    seconds, so that sub-millisecond steps are not judged on a few noisy timings. A fraction
+    of a second: what ``step_cost`` checks a cache with."""
+    from models.runner import ModelRunner, StepInput
+
+    if rounds < 1 or max_rounds < rounds:
+        raise ValueError(f"rounds must be >= 1 and max_rounds >= rounds, got {rounds} and {max_rounds}")
+    gen = torch.Generator().manual_seed(0)
+    runner = ModelRunner(model, cache_tokens=context + max(tokens) + 32, block_size=16)
+    runner.add_sequence(0)
+    runner.assume_context(0, context)
+    vocab = model.cfg.vocab_size
+    steps = {}
+    for T in tokens:
+        depths, mask = random_tree(T, gen)
+        steps[T] = runner.prepare([StepInput(0, torch.randint(0, vocab, (T,), generator=gen).tolist(), depths,
+                                             None if T == 1 else mask)])
+    best = {T: float("inf") for T in tokens}
+    try:
+        r, start = 0, None
+        while r <= rounds or (r <= max_rounds and time.perf_counter() - start < min_s):
+            if r == 1:
+                start = time.perf_counter()
+            for T, (toks, meta, idx) in steps.items():
+                t = time.perf_counter()
+                model(toks, meta, runner.cache.k, runner.cache.v, idx)
+                if model.device.type == "cuda":
+                    torch.cuda.synchronize(model.device)
+                if r:  # round 0 warms up
+                    best[T] = min(best[T], (time.perf_counter() - t) * 1e3)
+            r += 1
+    finally:
+        runner.free(0)
+    return best
 
 
 def random_tree(T: int, gen: torch.Generator) -> tuple[list[int], torch.Tensor]:

@@ -171,6 +171,11 @@ def fake_cost(model, context, reps):
     return StepCost([1, 2, 4, 8], [10.0, 11.0, 12.0, 20.0], 1.5, context)
 
 
+def fake_probe(model, context, tokens):
+    """Steps timed now that agree with fake_cost's curve."""
+    return {t: StepCost([1, 2, 4, 8], [10.0, 11.0, 12.0, 20.0], 1.5, context).curve(t) for t in tokens}
+
+
 def test_step_cost_interpolates():
     c = StepCost([1, 2, 4, 8], [10.0, 11.0, 12.0, 20.0], 1.5, 256)
     assert c([1]) == 10.0 and c([3]) == 11.5 and c([6]) == 16.0
@@ -214,25 +219,69 @@ def test_measured_step_cost_has_a_long_context_curve(tiny):
 
 def test_step_cost_cache(tiny, tmp_path):
     fake_cost.calls = 0
-    a = step_cost(tiny, tmp_path, measure=fake_cost)
-    b = step_cost(tiny, tmp_path, measure=fake_cost)
+    a = step_cost(tiny, tmp_path, measure=fake_cost, probe=fake_probe)
+    b = step_cost(tiny, tmp_path, measure=fake_cost, probe=fake_probe)
     assert a == b and fake_cost.calls == 1
+    assert a.origin == "measured" and b.origin.startswith("cache (checked now: 1 tokens 10.0 ms")
     (f,) = (tmp_path / "cost").glob("*.json")
     data = json.loads(f.read_text())
     data["cost"]["ms"] = [10.0, 5.0, 12.0, 20.0]  # not non-decreasing: corrupt
     f.write_text(json.dumps(data))
     with pytest.warns(UserWarning, match="unreadable"):
-        step_cost(tiny, tmp_path, measure=fake_cost)
+        step_cost(tiny, tmp_path, measure=fake_cost, probe=fake_probe)
     data["key"]["backend"] = "triton"
     data["cost"]["ms"] = [10.0, 11.0, 12.0, 20.0]
     f.write_text(json.dumps(data))
     with pytest.warns(UserWarning, match="another setup"):
-        step_cost(tiny, tmp_path, measure=fake_cost)
+        step_cost(tiny, tmp_path, measure=fake_cost, probe=fake_probe)
     assert fake_cost.calls == 3
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        step_cost(tiny, tmp_path, measure=fake_cost)  # rewritten: read quietly
+        step_cost(tiny, tmp_path, measure=fake_cost, probe=fake_probe)  # rewritten: read quietly
     assert fake_cost.calls == 3
+
+
+@pytest.mark.parametrize("now, why", [
+    ({1: 10.0, 16: 36.0}, None),  # as cached (16 tokens: 36 ms, past the grid)
+    ({1: 12.4, 16: 44.6}, None),  # 24% slower everywhere, same shape: within the tolerance
+    ({1: 7.9, 16: 28.4}, "a one-token step takes 7.9 ms, the cache says 10.0"),  # faster machine
+    ({1: 13.0, 16: 46.8}, "a one-token step takes 13.0 ms, the cache says 10.0"),  # 30% slower
+    ({1: 10.0, 16: 46.0}, "a 16-token step costs 4.60x a one-token step, the cache says 3.60x"),  # shape changed
+    ({1: 10.0, 16: 28.0}, "a 16-token step costs 2.80x a one-token step, the cache says 3.60x"),
+])
+def test_cached_step_cost_is_checked_against_the_machine_now(tiny, tmp_path, now, why):
+    """A curve cached on a faster or quieter day must not plan today's steps: a cached curve is
+    checked with steps timed now, and measured again (with a warning) when it drifted."""
+    from models.cost import drifted
+
+    c = StepCost([1, 2, 4, 8], [10.0, 11.0, 12.0, 20.0], 1.5, 256)
+    assert drifted(c, now) == why
+    fake_cost.calls = 0
+    step_cost(tiny, tmp_path, measure=fake_cost, probe=fake_probe)
+    probe = lambda model, context, tokens: {t: now[t] for t in tokens}  # noqa: E731
+    if why is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert step_cost(tiny, tmp_path, measure=fake_cost, probe=probe).origin.startswith("cache (checked")
+        assert fake_cost.calls == 1
+    else:
+        with pytest.warns(UserWarning, match="no longer matches this machine"):
+            again = step_cost(tiny, tmp_path, measure=fake_cost, probe=probe)
+        assert fake_cost.calls == 2 and again.origin == f"measured again ({why})"
+        step_cost(tiny, tmp_path, measure=fake_cost, probe=fake_probe)  # the new curve was written
+        assert fake_cost.calls == 2
+    assert step_cost(tiny, tmp_path, measure=fake_cost, probe=probe, check=False).origin == "cache (not checked)"
+
+
+def test_probe_times_the_check_steps(tiny):
+    from models.cost import CHECK_TOKENS, probe_step_cost
+
+    seen = probe_step_cost(tiny, context=16, rounds=1)
+    assert sorted(seen) == sorted(CHECK_TOKENS) and all(0 < ms < float("inf") for ms in seen.values())
+    seen = probe_step_cost(tiny, context=16, tokens=(1, 4), rounds=1)
+    assert sorted(seen) == [1, 4]
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        probe_step_cost(tiny, context=16, rounds=0)
 
 
 def test_measured_step_cost_is_a_non_decreasing_curve(tiny):
@@ -271,9 +320,9 @@ def test_step_cost_is_measured_again_for_another_kernel_build(tiny, tmp_path, mo
     from kernels import skinny
 
     fake_cost.calls = 0
-    step_cost(tiny, tmp_path, measure=fake_cost)
+    step_cost(tiny, tmp_path, measure=fake_cost, probe=fake_probe)
     monkeypatch.setattr(skinny, "build_tag", lambda: "another-build")
-    step_cost(tiny, tmp_path, measure=fake_cost)
+    step_cost(tiny, tmp_path, measure=fake_cost, probe=fake_probe)
     assert fake_cost.calls == 2
 
 
