@@ -23,6 +23,7 @@ from decoding.sampling import SamplingParams
 from decoding.stats import SeqStats
 from decoding.tree import StepTree
 from decoding.verify import verify
+from kernels.skinny import argmax_rows
 
 
 @dataclass(eq=False)
@@ -105,7 +106,7 @@ class Outcome:
         if not nodes:
             return []
         if self._top1 is None:  # every row at once (no gathered copy of the rows), kept for later calls
-            self._top1 = self.logits.argmax(-1).tolist()
+            self._top1 = argmax_rows(self.logits)
         return [self._top1[self.rows[n]] for n in nodes]
 
 

@@ -13,6 +13,7 @@ from typing import Optional
 
 from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
 from decoding.tree import RECYCLE, StepTree
+from kernels.skinny import topk_rows
 
 Table = dict[int, list[int]]  # token -> the model's top-k next tokens after it, best first
 
@@ -109,5 +110,5 @@ def learn_from(table: Table, outcome: Outcome, top_k: int) -> None:
     on_path = set(outcome.path)
     nodes = sorted(outcome.rows, key=lambda n: (n in on_path, n))
     k = min(top_k, outcome.logits.shape[-1])
-    top = outcome.logits.topk(k, dim=-1).indices.tolist()  # every row: no gathered copy of the logits
+    top = topk_rows(outcome.logits, k)  # every row: no gathered copy of the logits
     refresh(table, [outcome.tree.tokens[n] for n in nodes], [top[outcome.rows[n]] for n in nodes])

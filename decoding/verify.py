@@ -16,6 +16,7 @@ import torch
 
 from decoding.sampling import SamplingParams, probs_from_logits, sample
 from decoding.tree import DRAFT, StepTree
+from kernels.skinny import argmax_rows
 
 
 def _uniform(generator: Optional[torch.Generator]) -> float:
@@ -28,7 +29,7 @@ def verify(tree: StepTree, logits: torch.Tensor, rows: dict[int, int], sampling:
     every candidate node that was sent. Returns (accepted path, root first; bonus token)."""
     nodes = [n for n in rows if tree.candidate[n]]
     if sampling.greedy:  # argmax of every row (no gathered copy of the rows), then picked
-        top1 = logits.argmax(-1).tolist()
+        top1 = argmax_rows(logits)
         return verify_greedy(tree, {n: top1[rows[n]] for n in nodes})
     probs = probs_from_logits(logits[[rows[n] for n in nodes]], sampling)
     return verify_sampling(tree, dict(zip(nodes, probs)), generator)

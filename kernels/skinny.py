@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 SOURCES = [Path(__file__).with_name("cpu") / f for f in ("skinny_gemm.c", "skinny_attention.c",
-                                                                       "skinny_elementwise.c", "skinny_layers.c")]
+                                                                       "skinny_elementwise.c", "skinny_layers.c",
+                                                                       "skinny_reduce.c")]
 HEADERS = [Path(__file__).with_name("cpu") / "skinny_common.h"]  # in the build hash, not on the command line
 # -ffp-contract=off: a product and a sum written apart stay apart (the RoPE kernel matches torch bit for bit)
 FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
@@ -105,6 +106,11 @@ def _build() -> tuple[ctypes.CDLL, str]:
     lib.skinny_rope.restype = None
     lib.skinny_layers.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
     lib.skinny_layers.restype = ctypes.c_int
+    lib.skinny_argmax.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p]
+    lib.skinny_argmax.restype = None
+    lib.skinny_topk.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_int, ctypes.c_void_p,
+                                                                            ctypes.c_void_p]
+    lib.skinny_topk.restype = ctypes.c_int64
     return lib, tag
 
 
@@ -329,3 +335,52 @@ def layers_unchecked(h: torch.Tensor, layers, n_layers: int, step: StepArgs) -> 
     if rc != 0:
         raise MemoryError(f"skinny_layers could not allocate its buffers (T={step.T})")
     return h
+
+
+# ---- per-row argmax and top-k of a step's logits (cpu/skinny_reduce.c) ---------------------------
+MAX_TOPK = 64  # largest k the top-k kernel takes
+
+
+def _rows_kernel(x: torch.Tensor) -> Optional[ctypes.CDLL]:
+    """The library when x is a CPU fp32 (rows, n >= 1) tensor with contiguous rows, else None."""
+    if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu" or x.shape[1] < 1 or x.shape[0] < 1:
+        return None
+    if x.stride(1) != 1 and x.shape[1] > 1:
+        return None
+    return _lib or _load()
+
+
+def argmax_rows(x: torch.Tensor) -> list[int]:
+    """Per row of x (rows, n): the first index of its largest value, exactly
+    ``x.argmax(-1).tolist()`` (the reference, and what runs on other devices and dtypes and
+    for a row holding a NaN). On the CPU one pass per row: torch's reduction took 0.33 ms for 8
+    rows of 49152 on a 2-core Zen 4, this about 0.02 ms."""
+    lib = _rows_kernel(x)
+    if lib is None:
+        return x.argmax(-1).tolist()
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    lib.skinny_argmax(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), out.data_ptr())
+    res = out.tolist()
+    for r, i in enumerate(res):
+        if i < 0:  # a NaN: torch's answer
+            res[r] = int(x[r].argmax())
+    return res
+
+
+def topk_rows(x: torch.Tensor, k: int) -> list[list[int]]:
+    """Per row of x (rows, n): the indices of its k largest values (1 <= k <= n), largest first,
+    equal values in index order: ``x.topk(k, -1).indices.tolist()`` (the reference; torch
+    leaves the order of equal values open), and that for other devices, dtypes, k above
+    ``MAX_TOPK`` and rows holding a NaN."""
+    if x.dim() != 2 or not 1 <= k <= x.shape[-1]:
+        raise ValueError(f"x must be (rows, n) and 1 <= k <= n, got x {tuple(x.shape)} and k={k}")
+    lib = _rows_kernel(x)
+    if lib is None or k > MAX_TOPK:
+        return x.topk(k, dim=-1).indices.tolist()
+    idx = torch.empty(x.shape[0], k, dtype=torch.int64)
+    bad = torch.empty(x.shape[0], dtype=torch.int64)
+    n_bad = lib.skinny_topk(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), k, idx.data_ptr(), bad.data_ptr())
+    res = idx.tolist()
+    for r in bad[:n_bad].tolist():
+        res[r] = x[r].topk(k).indices.tolist()
+    return res

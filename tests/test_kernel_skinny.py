@@ -356,3 +356,69 @@ def test_whole_stack_sees_weights_replaced_after_a_step(how):
     after = logits(model)
     assert not torch.equal(after, before)
     assert torch.equal(after, logits(expected))
+
+
+# ---- per-row argmax and top-k of logits (cpu/skinny_reduce.c) -----------------------------------
+def _stable_topk(row: torch.Tensor, k: int) -> list[int]:
+    """The reference order: largest first, equal values by index."""
+    return sorted(range(row.numel()), key=lambda i: (-float(row[i]), i))[:k]
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 31, 32, 33, 100, 1000, 4099])
+def test_argmax_and_topk_match_torch(n):
+    """Random rows (lengths around the 8- and 32-lane blocks): argmax is torch's exactly, top-k
+    torch's indices (no ties among random floats)."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(5, n, generator=g)
+    assert skinny.argmax_rows(x) == x.argmax(-1).tolist()
+    for k in sorted({1, min(2, n), min(8, n), min(n, skinny.MAX_TOPK)}):
+        assert skinny.topk_rows(x, k) == x.topk(k, dim=-1).indices.tolist(), k
+
+
+@pytest.mark.parametrize("n", [9, 64, 257])
+def test_ties_go_to_the_first_index(n):
+    """Few distinct values, so every row has many ties, also for its largest value: argmax
+    gives the first index of the largest (as torch), top-k equal values in index order."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randint(-3, 3, (6, n), generator=g).float()
+    x[1] = 2.0  # one value everywhere
+    x[2, -1] = 5.0  # the largest last
+    x[3] = float("-inf")
+    x[4, ::3] = float("-inf")
+    x[5] = -0.0
+    x[5, n // 2] = 0.0  # -0.0 == 0.0: the first of them
+    assert skinny.argmax_rows(x) == x.argmax(-1).tolist()
+    for k in (1, 3, 8):
+        assert skinny.topk_rows(x, k) == [_stable_topk(r, k) for r in x], k
+
+
+def test_argmax_topk_rows_holding_nan_are_torchs():
+    """torch ranks NaN above every number: a row holding one gets torch's answer, the others
+    the kernel's."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 300, generator=g)
+    x[1, 17] = float("nan")  # in the 32-lane body
+    x[2, 299] = float("nan")  # in the tail
+    x[3, 0] = float("nan")  # among the first k
+    assert skinny.argmax_rows(x) == x.argmax(-1).tolist()
+    assert skinny.topk_rows(x, 5) == x.topk(5, dim=-1).indices.tolist()
+
+
+def test_argmax_topk_strided_rows_and_other_inputs():
+    """Rows of a wider tensor (row stride > n), a column view, bf16, k past MAX_TOPK and an
+    empty batch: the same answers as torch."""
+    g = torch.Generator().manual_seed(4)
+    wide = torch.randn(3, 200, generator=g)
+    x = wide[:, 10:150]
+    assert x.stride(0) == 200 and skinny.argmax_rows(x) == x.argmax(-1).tolist()
+    assert skinny.topk_rows(x, 6) == x.topk(6, dim=-1).indices.tolist()
+    col = wide.t()[:, :3]  # rows with a stride of 200 between elements: torch runs it
+    assert skinny.argmax_rows(col) == col.argmax(-1).tolist()
+    half = wide.bfloat16()
+    assert skinny.argmax_rows(half) == half.argmax(-1).tolist()
+    assert skinny.topk_rows(wide, skinny.MAX_TOPK + 1) == wide.topk(skinny.MAX_TOPK + 1, dim=-1).indices.tolist()
+    assert skinny.argmax_rows(torch.randn(0, 9)) == [] and skinny.topk_rows(torch.randn(0, 9), 2) == []
+    with pytest.raises(ValueError, match="1 <= k <= n"):
+        skinny.topk_rows(wide, 201)
+    with pytest.raises(ValueError, match="1 <= k <= n"):
+        skinny.topk_rows(wide, 0)
