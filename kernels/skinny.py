@@ -354,7 +354,9 @@ def argmax_rows(x: torch.Tensor) -> list[int]:
     """Per row of x (rows, n): the first index of its largest value, exactly
     ``x.argmax(-1).tolist()`` (the reference, and what runs on other devices and dtypes and
     for a row holding a NaN). On the CPU one pass per row: torch's reduction took 0.33 ms for 8
-    rows of 49152 on a 2-core Zen 4, this about 0.02 ms."""
+    rows of 49152 on a 2-core Zen 4, this 0.035 ms."""
+    if x.dim() != 2:
+        raise ValueError(f"x must be (rows, n), got {tuple(x.shape)}")
     lib = _rows_kernel(x)
     if lib is None:
         return x.argmax(-1).tolist()

@@ -151,6 +151,10 @@ def drifted(cost: StepCost, seen: dict[int, float], tol: float = CHECK_TOLERANCE
     the curve within ``tol`` (relative, either way), else what disagrees: the one-token time,
     or the ratio of each larger step to it (the curve's shape, which the planner's choices
     follow)."""
+    if not tol > 0:
+        raise ValueError(f"tol must be > 0, got {tol}")
+    if 1 not in seen:
+        raise ValueError(f"seen must hold a one-token step (the reference), got step sizes {sorted(seen)}")
     lo, hi = 1.0 / (1.0 + tol), 1.0 + tol
     one = seen[1] / cost.curve(1)
     if not lo <= one <= hi:
@@ -215,13 +219,8 @@ def measure_step_cost(model, context: int = 256, reps: int = 3) -> StepCost:
             runner.assume_context(s, length)
         return list(range(batch))
 
-    def tree_step(T: int) -> StepInput:
-        depths, mask = random_tree(T, gen)
-        toks = torch.randint(0, vocab, (T,), generator=gen).tolist()
-        return StepInput(0, toks, depths, None if T == 1 else mask)
-
     vocab = model.cfg.vocab_size
-    trees = {T: tree_step(T) for T in sorted(set(GRID) | set(LONG_GRID))}
+    trees = {T: tree_step(T, vocab, gen) for T in sorted(set(GRID) | set(LONG_GRID))}
     ones = [int(t) for t in torch.randint(0, vocab, (max(BATCHES),), generator=gen)]
     # Rounds over the whole grid (the first one also warms up), each point's fastest time kept:
     # a transient (another process, a page-fault storm after a load) hits one round of a point,
@@ -256,20 +255,19 @@ def probe_step_cost(model, context: int = 256, tokens: tuple[int, ...] = CHECK_T
     after a warm-up round, more (up to ``max_rounds``) while they took less than ``min_s``
     seconds, so that sub-millisecond steps are not judged on a few noisy timings. A fraction
     of a second: what ``step_cost`` checks a cache with."""
-    from models.runner import ModelRunner, StepInput
+    from models.runner import ModelRunner
 
     if rounds < 1 or max_rounds < rounds:
         raise ValueError(f"rounds must be >= 1 and max_rounds >= rounds, got {rounds} and {max_rounds}")
+    if not tokens or min(tokens) < 1:
+        raise ValueError(f"tokens must be a non-empty list of step sizes >= 1, got {tokens}")
+    if not min_s >= 0:
+        raise ValueError(f"min_s must be >= 0, got {min_s}")
     gen = torch.Generator().manual_seed(0)
     runner = ModelRunner(model, cache_tokens=context + max(tokens) + 32, block_size=16)
     runner.add_sequence(0)
     runner.assume_context(0, context)
-    vocab = model.cfg.vocab_size
-    steps = {}
-    for T in tokens:
-        depths, mask = random_tree(T, gen)
-        steps[T] = runner.prepare([StepInput(0, torch.randint(0, vocab, (T,), generator=gen).tolist(), depths,
-                                             None if T == 1 else mask)])
+    steps = {T: runner.prepare([tree_step(T, model.cfg.vocab_size, gen)]) for T in tokens}
     best = {T: float("inf") for T in tokens}
     try:
         r, start = 0, None
@@ -287,6 +285,16 @@ def probe_step_cost(model, context: int = 256, tokens: tuple[int, ...] = CHECK_T
     finally:
         runner.free(0)
     return best
+
+
+def tree_step(T: int, vocab: int, gen: torch.Generator):
+    """Sequence 0's step of T random tokens in a random draft tree (one token: no mask), as
+    speculative methods send: what the step cost is measured with."""
+    from models.runner import StepInput
+
+    depths, mask = random_tree(T, gen)
+    toks = torch.randint(0, vocab, (T,), generator=gen).tolist()
+    return StepInput(0, toks, depths, None if T == 1 else mask)
 
 
 def random_tree(T: int, gen: torch.Generator) -> tuple[list[int], torch.Tensor]:

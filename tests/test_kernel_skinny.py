@@ -422,3 +422,15 @@ def test_argmax_topk_strided_rows_and_other_inputs():
         skinny.topk_rows(wide, 201)
     with pytest.raises(ValueError, match="1 <= k <= n"):
         skinny.topk_rows(wide, 0)
+    with pytest.raises(ValueError, match=r"x must be \(rows, n\)"):
+        skinny.argmax_rows(wide[0])
+
+
+def test_topk_kernel_hands_back_a_k_it_does_not_take():
+    """Called with k past its buffer, the C function answers no row (the caller's torch does)."""
+    x = torch.randn(2, 100)
+    idx = torch.empty(2, 65, dtype=torch.int64)
+    bad = torch.empty(2, dtype=torch.int64)
+    lib = skinny._lib or skinny._load()
+    assert lib.skinny_topk(x.data_ptr(), 2, 100, 100, 65, idx.data_ptr(), bad.data_ptr()) == 2
+    assert bad.tolist() == [0, 1]

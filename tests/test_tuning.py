@@ -282,6 +282,20 @@ def test_probe_times_the_check_steps(tiny):
     assert sorted(seen) == [1, 4]
     with pytest.raises(ValueError, match="rounds must be >= 1"):
         probe_step_cost(tiny, context=16, rounds=0)
+    with pytest.raises(ValueError, match="tokens must be a non-empty list"):
+        probe_step_cost(tiny, context=16, tokens=())
+    with pytest.raises(ValueError, match="min_s must be >= 0"):
+        probe_step_cost(tiny, context=16, min_s=-1.0)
+
+
+def test_drift_rule_rejects_what_it_cannot_judge():
+    from models.cost import drifted
+
+    c = StepCost([1, 2, 4, 8], [10.0, 11.0, 12.0, 20.0], 1.5, 256)
+    with pytest.raises(ValueError, match="one-token step"):
+        drifted(c, {16: 30.0})
+    with pytest.raises(ValueError, match="tol must be > 0"):
+        drifted(c, {1: 10.0}, tol=0.0)
 
 
 def test_measured_step_cost_is_a_non_decreasing_curve(tiny):

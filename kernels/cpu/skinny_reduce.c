@@ -99,11 +99,15 @@ static int topk_row(const float *x, int64_t n, int k, int64_t *idx) {
     return 0;
 }
 
-/* idx (rows, k) = the top-k indices of each row of x, k <= 64 and k <= n; returns the number of
- * rows that hold a NaN (their idx rows are left undefined) */
+/* idx (rows, k) = the top-k indices of each row of x, 1 <= k <= 64 and k <= n; returns the number
+ * of rows it did not answer, listed in nan_rows (a NaN in the row, or k out of range: all rows) */
 int64_t skinny_topk(const float *x, int64_t rows, int64_t n, int64_t row_stride, int k, int64_t *idx,
                     int64_t *nan_rows) {
     int64_t bad = 0;
+    if (k < 1 || k > 64 || k > n) { /* not taken here: every row back to the caller */
+        for (int64_t r = 0; r < rows; r++) nan_rows[r] = r;
+        return rows;
+    }
     for (int64_t r = 0; r < rows; r++)
         if (topk_row(x + r * row_stride, n, k, idx + r * k) != 0) nan_rows[bad++] = r;
     return bad;
