@@ -34,15 +34,10 @@ class PromptLookupConfig:
 
 def lookup_candidates(backend, histories: list[list[int]], cfg: PromptLookupConfig,
                       device: torch.device | str = "cpu") -> list[list[list[int]]]:
-    """Per history, its candidate continuations (best first) from one batched kernel call."""
-    lens = [len(h) for h in histories]
-    cu = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32)
-    flat = torch.tensor([t for h in histories for t in h], dtype=torch.int32)
-    cands, counts = backend.ngram_match(flat.to(device), cu.to(device), min_n=cfg.min_ngram, max_n=cfg.max_ngram,
-                                        k=cfg.num_draft, num_candidates=cfg.num_candidates, prefer=cfg.prefer,
-                                        partial=cfg.partial)
-    cands, counts = cands.tolist(), counts.tolist()  # the one host transfer of the step
-    return [[row[:n] for row, n in zip(cands[b], counts[b]) if n > 0] for b in range(len(histories))]
+    """Per history, its candidate continuations (best first) from one batched kernel call
+    (the torch backend searches the lists on the host)."""
+    return backend.ngram_match_lists(histories, device, min_n=cfg.min_ngram, max_n=cfg.max_ngram, k=cfg.num_draft,
+                                     num_candidates=cfg.num_candidates, prefer=cfg.prefer, partial=cfg.partial)
 
 
 class PromptLookup(Proposer[SeqState]):

@@ -49,6 +49,17 @@ class Backend(abc.ABC):
     def ngram_match(self, tokens, cu_seqlens, **kw):
         """See the matching function in kernels/."""
 
+    def ngram_match_lists(self, histories: list[list[int]], device="cpu", **kw) -> list[list[list[int]]]:
+        """``ngram_match`` for histories held as lists: they go to ``device`` in one tensor, the
+        kernel runs once, and each history's found continuations come back as lists (the
+        step's one host transfer)."""
+        lens = [len(h) for h in histories]
+        cu = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32)
+        flat = torch.tensor([t for h in histories for t in h], dtype=torch.int32)
+        cands, counts = self.ngram_match(flat.to(device), cu.to(device), **kw)
+        cands, counts = cands.tolist(), counts.tolist()
+        return [[row[:n] for row, n in zip(cands[b], counts[b]) if n > 0] for b in range(len(histories))]
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -80,6 +91,10 @@ class TorchBackend(Backend):
 
     def ngram_match(self, tokens, cu_seqlens, **kw):
         return ngram_mod.ngram_match_ref(tokens, cu_seqlens, **kw)
+
+    def ngram_match_lists(self, histories, device="cpu", **kw):
+        # the reference is a host loop whatever the device: search the lists where they are
+        return ngram_mod.ngram_match_lists(histories, **kw)
 
 
 class TritonBackend(Backend):

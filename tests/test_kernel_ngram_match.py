@@ -1,5 +1,6 @@
-"""ngram_match (Triton) and ngram_match_ref: exact tables, the prompt-lookup seed, and a
-property test of kernel == reference over random ragged batches."""
+"""ngram_match (Triton), ngram_match_ref and the host search ngram_match_lists: exact tables,
+the prompt-lookup seed, and property tests of kernel == reference == host search over random
+ragged batches."""
 
 import os
 import tempfile
@@ -11,9 +12,28 @@ import torch
 os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", os.path.join(tempfile.gettempdir(), "specdec-hypothesis"))
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from kernels.ngram_match import ngram_match, ngram_match_ref
+from kernels.backend import Backend, TorchBackend
+from kernels.ngram_match import ngram_match, ngram_match_lists, ngram_match_ref
 
-IMPLS = [ngram_match_ref, ngram_match]
+
+def ngram_match_host(tokens, cu_seqlens, **kw):
+    """ngram_match_lists behind the tensor interface of the other two (padded with -1)."""
+    cu = cu_seqlens.tolist()
+    histories = [tokens[cu[b]:cu[b + 1]].tolist() for b in range(len(cu) - 1)]
+    found = ngram_match_lists(histories, **kw)
+    C, k = kw.get("num_candidates", 1), kw["k"]
+    cands = torch.full((len(histories), C, k), -1, dtype=tokens.dtype)
+    lens = torch.zeros(len(histories), C, dtype=torch.int32)
+    for b, conts in enumerate(found):
+        assert 0 < len(conts) <= C or not conts  # only found continuations, none empty
+        for c, cont in enumerate(conts):
+            assert 0 < len(cont) <= k
+            cands[b, c, :len(cont)] = torch.tensor(cont, dtype=tokens.dtype)
+            lens[b, c] = len(cont)
+    return cands, lens
+
+
+IMPLS = [ngram_match_ref, ngram_match, ngram_match_host]
 
 
 def run(impl, histories, dtype=torch.int64, **kw):
@@ -55,7 +75,7 @@ TABLE = [
 ]
 
 
-@pytest.mark.parametrize("impl", IMPLS, ids=["ref", "triton"])
+@pytest.mark.parametrize("impl", IMPLS, ids=["ref", "triton", "host"])
 @pytest.mark.parametrize("history, kw, expected", TABLE)
 def test_exact_table(impl, history, kw, expected):
     assert run(impl, [history], **kw) == [expected]
@@ -137,6 +157,44 @@ def test_kernel_equals_ref_on_random_batches(case):
     assert run(ngram_match, histories, dtype=dtype, **kw) == run(ngram_match_ref, histories, dtype=dtype, **kw)
 
 
+@settings(max_examples=300, deadline=None)
+@given(ragged_batch())
+def test_host_search_equals_ref_on_random_batches(case):
+    histories, kw, _ = case
+    assert run(ngram_match_host, histories, **kw) == run(ngram_match_ref, histories, **kw)
+
+
+def test_host_search_on_large_token_ids_and_byte_straddles():
+    """Tokens whose int64 bytes repeat inside other tokens: a byte match that straddles two
+    tokens is not a match."""
+    big = [0x0101010101010101, 0x0101010101010100, 1, 256, 2 ** 62, -1]
+    g = torch.Generator().manual_seed(3)
+    for trial in range(300):
+        L = int(torch.randint(0, 30, (1,), generator=g))
+        h = [big[int(i)] for i in torch.randint(0, len(big), (L,), generator=g)]
+        for kw in (dict(num_candidates=3, prefer="first"), dict(num_candidates=2, prefer="recent"),
+                   dict(num_candidates=1, prefer="recent", partial=False)):
+            kw.update(min_n=1, max_n=3, k=4)
+            assert run(ngram_match_host, [h], **kw) == run(ngram_match_ref, [h], **kw), (h, kw)
+
+
+def test_backend_list_entry_points_agree():
+    """What the decoders call: the torch backend's host search and the base class's packed
+    path (what the Triton backend runs) give the same lists, on a ragged batch."""
+    g = torch.Generator().manual_seed(4)
+    histories = [torch.randint(0, 3, (int(n),), generator=g).tolist() for n in (0, 1, 5, 40, 77)]
+
+    class Packed(TorchBackend):  # the base class's list entry point over the reference kernel
+        ngram_match_lists = Backend.ngram_match_lists
+
+    for kw in (dict(num_candidates=1), dict(num_candidates=3, prefer="recent"), dict(num_candidates=2, partial=False)):
+        kw.update(min_n=1, max_n=3, k=5)
+        want = TorchBackend().ngram_match_lists(histories, **kw)
+        assert Packed().ngram_match_lists(histories, **kw) == want
+        assert want == [[c for c in row if c] for row in run(ngram_match_ref, histories, **kw)]
+        assert any(want)
+
+
 def test_long_repetitive_history_spans_blocks():
     """Matches far apart (several kernel blocks) and thousands of duplicate continuations."""
     h = [1, 2, 3] * 300 + [4, 5] + [1, 2, 3] * 200 + [9, 1, 2, 3]
@@ -144,6 +202,7 @@ def test_long_repetitive_history_spans_blocks():
                dict(num_candidates=1, prefer="recent", partial=False)):
         kw.update(min_n=1, max_n=3, k=4)
         assert run(ngram_match, [h, h[:700]], **kw) == run(ngram_match_ref, [h, h[:700]], **kw)
+        assert run(ngram_match_host, [h, h[:700]], **kw) == run(ngram_match_ref, [h, h[:700]], **kw)
 
 
 @pytest.mark.parametrize("bad, name", [
