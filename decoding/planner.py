@@ -132,20 +132,41 @@ def _bits(x: int) -> list[int]:
 def node_probs(tree: StepTree, acc: Acceptance, optimistic: bool = False) -> list[float]:
     """Each node's chance of being accepted (root 1; private nodes 0), from the estimates or
     from their optimistic bounds."""
-    rate = acc.optimistic if optimistic else acc.rate
-    p = [1.0] + [0.0] * (len(tree) - 1)
-    left = [1.0] * len(tree)  # per parent: chance that none of its earlier children is the token
-    for n in range(1, len(tree)):  # parents come before children, siblings in rank order
-        if tree.candidate[n]:
-            parent = tree.parents[n]
-            # siblings exclude each other (one next token): their chances sum to at most 1
-            est = max(rate(k) for k in node_keys(tree, n, acc.streak))
-            if n in tree.chance:  # the proposer's own estimate (e.g. a draft model's calibrated confidence)
-                est = tree.chance[n] if tree.sources[n] == DRAFT else max(est, tree.chance[n])
-            cond = min(est, left[parent])
-            left[parent] -= cond
-            p[n] = p[parent] * cond
-    return p
+    rate, opt = node_estimates(tree, acc)
+    return opt if optimistic else rate
+
+
+def node_estimates(tree: StepTree, acc: Acceptance) -> tuple[list[float], list[float]]:
+    """``node_probs`` from the estimates and from their optimistic bounds, in one pass."""
+    n_nodes = len(tree)
+    rank = [0] * n_nodes  # among its siblings (children are kept in rank order)
+    for kids in tree.children:
+        for r, c in enumerate(kids.values()):
+            rank[c] = r
+    p, q = [1.0] + [0.0] * (n_nodes - 1), [1.0] + [0.0] * (n_nodes - 1)
+    left_p, left_q = [1.0] * n_nodes, [1.0] * n_nodes  # per parent: chance none of its earlier children is the token
+    rates, streak, chance = acc._rates, acc.streak, tree.chance
+    parents, depths, sources, candidate = tree.parents, tree.depths, tree.sources, tree.candidate
+    for n in range(1, n_nodes):  # parents come before children, siblings in rank order
+        if not candidate[n]:
+            continue
+        parent = parents[n]
+        depth, r = min(depths[n], MAX_DEPTH_KEY), min(rank[n], MAX_RANK_KEY)
+        est_p = est_q = 0.0
+        for bit in _bits(sources[n] & ~WINDOW):
+            a, b = rates((bit, depth, r, streak))
+            est_p, est_q = max(est_p, a), max(est_q, b)
+        if n in chance:  # the proposer's own estimate (e.g. a draft model's calibrated confidence)
+            c = chance[n]
+            est_p, est_q = (c, c) if sources[n] == DRAFT else (max(est_p, c), max(est_q, c))
+        # siblings exclude each other (one next token): their chances sum to at most 1
+        cond = min(est_p, left_p[parent])
+        left_p[parent] -= cond
+        p[n] = p[parent] * cond
+        cond = min(est_q, left_q[parent])
+        left_q[parent] -= cond
+        q[n] = q[parent] * cond
+    return p, q
 
 
 def _closed(tree: StepTree, nodes: set[int]) -> set[int]:
@@ -226,15 +247,23 @@ class Planner:
         out = []
         for b, sid in enumerate(sids):
             acc, tokens = self.acceptance(sid), [1] * len(sids)
+            # chance of depth d given d - 1 along the best chain (rank 0, the best source); depths
+            # from MAX_DEPTH_KEY on share one
+            qs = [max(acc.optimistic((bit, d, 0, acc.streak)) for bit in bits) for d in range(1, MAX_DEPTH_KEY + 1)]
             best, best_d, p, gain = len(sids) / self._time(tokens) * (1 + self.cfg.min_gain), 0, 1.0, float(len(sids))
             for d in range(1, self.cfg.max_tokens):
-                p *= max(acc.optimistic((bit, min(d, MAX_DEPTH_KEY), 0, acc.streak)) for bit in bits)
+                q = qs[min(d, MAX_DEPTH_KEY) - 1]
+                p *= q
                 gain += p
                 tokens[b] += 1
-                r = gain / self._time(tokens)
-                if r > best:
-                    best, best_d = r, d
+                t = self._time(tokens)
+                if gain / t > best:
+                    best, best_d = gain / t, d
                 if p < 1e-3:
+                    break
+                # deeper chains add at most p q / (1 - q) tokens (q < 1: optimistic rates stop at 0.99)
+                # and take no less time: none can win
+                if d >= MAX_DEPTH_KEY and (gain + p * q / (1.0 - q)) / t <= best:
                     break
             out.append(best_d)
         return out
@@ -253,7 +282,8 @@ class Planner:
         """Per tree, the nodes to send (increasing, root first, closed under parents)."""
         items = []
         wrate = self.window_rate
-        all_probs = [node_probs(tree, self.acceptance(sid), optimistic=True) for sid, tree in zip(sids, trees)]
+        estimates = [node_estimates(tree, self.acceptance(sid)) for sid, tree in zip(sids, trees)]
+        all_probs = [opt for _, opt in estimates]
         pinned = [sorted(_closed(tree, tree.pinned)) for tree in trees]  # sent whatever they cost
         for b, (tree, probs) in enumerate(zip(trees, all_probs)):
             for n in range(1, len(tree)):
@@ -293,8 +323,7 @@ class Planner:
         for it in taken[:best_k]:
             keep[it.seq] += it.nodes
         chosen = [sorted(k) for k in keep]
-        for sid, tree, k in zip(sids, trees, chosen):
-            probs = node_probs(tree, self.acceptance(sid))
+        for (probs, _), k in zip(estimates, chosen):
             self.log["expected_tokens"] += sum(probs[n] for n in k)
         return chosen
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from decoding import Outcome, Planner, PlannerConfig, generate, make_proposer
-from decoding.planner import Acceptance, node_probs
+from decoding.planner import MAX_DEPTH_KEY, Acceptance, node_estimates, node_probs
 from decoding.draft import DraftModel, DraftModelConfig, DraftPLD
 from decoding.tree import DRAFT, HARVEST, PLD, POOL, WINDOW, StepTree
 from helpers import ours_from_hf, tiny_hf_model
@@ -118,6 +118,62 @@ def test_max_depth_follows_the_cost_curve():
     assert Planner(linear_cost(10, 1), FIXED).max_depth([0], PLD) == [2]
     assert Planner(linear_cost(10, 10), FIXED).max_depth([0], PLD) == [0]
     assert Planner(linear_cost(10, 0), PlannerConfig(max_tokens=16, learn_overhead=False)).max_depth([0], PLD)[0] > 5
+
+
+def brute_max_depth(plan: Planner, sid: int, n_seqs: int, b: int, bits: list[int]) -> int:
+    """max_depth's definition, every depth priced (no early stop)."""
+    acc, tokens = plan.acceptance(sid), [1] * n_seqs
+    best, best_d, p, gain = n_seqs / plan._time(tokens) * (1 + plan.cfg.min_gain), 0, 1.0, float(n_seqs)
+    for d in range(1, plan.cfg.max_tokens):
+        p *= max(acc.optimistic((bit, min(d, MAX_DEPTH_KEY), 0, acc.streak)) for bit in bits)
+        gain += p
+        tokens[b] += 1
+        if gain / plan._time(tokens) > best:
+            best, best_d = gain / plan._time(tokens), d
+        if p < 1e-3:
+            break
+    return best_d
+
+
+def test_max_depth_stops_early_only_where_nothing_deeper_can_win():
+    """Deep chains (rates near 0.99) on cost curves that are flat, linear, stepped or grow with
+    the batch: the early stop gives the depth of pricing every depth, with fewer cost calls."""
+    g = torch.Generator().manual_seed(0)
+    costs = [linear_cost(10, 0.05), linear_cost(10, 0.5), linear_cost(10, 0.0),
+             lambda tokens: 10 + 3 * (sum(tokens) // 16) + 0.01 * sum(tokens),
+             lambda tokens: 10 + 0.2 * max(0, sum(tokens) - 8)]
+    calls = [0, 0]
+    for trial in range(60):
+        cost = costs[trial % len(costs)]
+        cfg = PlannerConfig(prior=0.4, explore=float(torch.rand(1, generator=g)), learn_overhead=False,
+                            max_tokens=int(torch.randint(4, 128, (1,), generator=g)))
+        plan = Planner(cost, cfg)
+        n_seqs = int(torch.randint(1, 4, (1,), generator=g))
+        for sid in range(n_seqs):
+            acc = plan.acceptance(sid)
+            for d in range(1, MAX_DEPTH_KEY + 1):
+                for src in (PLD, POOL):
+                    hit = float(torch.rand(1, generator=g)) ** 0.2  # mostly high
+                    acc.hits[(src, d, 0, False)], acc.trials[(src, d, 0, False)] = 40 * hit, 40.0
+        counting = Planner(lambda t: calls.__setitem__(0, calls[0] + 1) or cost(t), cfg)
+        counting.seq_acc, counting.shared = plan.seq_acc, plan.shared
+        got = counting.max_depth(list(range(n_seqs)), PLD | POOL)
+        brute = Planner(lambda t: calls.__setitem__(1, calls[1] + 1) or cost(t), cfg)
+        brute.seq_acc, brute.shared = plan.seq_acc, plan.shared
+        assert got == [brute_max_depth(brute, sid, n_seqs, sid, [PLD, POOL]) for sid in range(n_seqs)]
+    assert calls[0] < calls[1] / 2  # the stop does stop
+
+
+def test_node_estimates_are_both_node_probs():
+    t = chain(4)
+    t.add_chain([7, 8], POOL)
+    t.add_chain([1, 9], POOL)  # merges with the chain's first node
+    t.add_private_chain(0, [9], WINDOW, group=0)
+    acc = Acceptance(PlannerConfig(prior=0.4, explore=1.0))
+    acc.hits[(POOL, 2, 1, False)], acc.trials[(POOL, 2, 1, False)] = 3.0, 4.0
+    rate, opt = node_estimates(t, acc)
+    assert rate == node_probs(t, acc) and opt == node_probs(t, acc, optimistic=True)
+    assert opt[1] > rate[1] and opt != rate  # (a later sibling can lose: the earlier one takes more)
 
 
 def test_long_contexts_make_tokens_dearer():
