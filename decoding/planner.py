@@ -146,16 +146,21 @@ def node_estimates(tree: StepTree, acc: Acceptance) -> tuple[list[float], list[f
     p, q = [1.0] + [0.0] * (n_nodes - 1), [1.0] + [0.0] * (n_nodes - 1)
     left_p, left_q = [1.0] * n_nodes, [1.0] * n_nodes  # per parent: chance none of its earlier children is the token
     rates, streak, chance = acc._rates, acc.streak, tree.chance
+    seen: dict[tuple, tuple[float, float]] = {}
     parents, depths, sources, candidate = tree.parents, tree.depths, tree.sources, tree.candidate
     for n in range(1, n_nodes):  # parents come before children, siblings in rank order
         if not candidate[n]:
             continue
         parent = parents[n]
-        depth, r = min(depths[n], MAX_DEPTH_KEY), min(rank[n], MAX_RANK_KEY)
-        est_p = est_q = 0.0
-        for bit in _bits(sources[n] & ~WINDOW):
-            a, b = rates((bit, depth, r, streak))
-            est_p, est_q = max(est_p, a), max(est_q, b)
+        key = (sources[n] & ~WINDOW, min(depths[n], MAX_DEPTH_KEY), min(rank[n], MAX_RANK_KEY))
+        est = seen.get(key)
+        if est is None:  # nodes of a tree share a few keys
+            est_p = est_q = 0.0
+            for bit in _bits(key[0]):
+                a, b = rates((bit, key[1], key[2], streak))
+                est_p, est_q = max(est_p, a), max(est_q, b)
+            est = seen[key] = (est_p, est_q)
+        est_p, est_q = est
         if n in chance:  # the proposer's own estimate (e.g. a draft model's calibrated confidence)
             c = chance[n]
             est_p, est_q = (c, c) if sources[n] == DRAFT else (max(est_p, c), max(est_q, c))
@@ -177,15 +182,6 @@ def _closed(tree: StepTree, nodes: set[int]) -> set[int]:
             out.add(n)
             n = tree.parents[n]
     return out
-
-
-@dataclass
-class _Item:
-    seq: int
-    value: float  # expected new tokens
-    tokens: int  # step tokens it adds
-    nodes: list[int]
-    order: tuple  # ties: shallower nodes and lower groups first (keeps every prefix closed)
 
 
 class Planner:
@@ -280,38 +276,44 @@ class Planner:
     # ---- after proposing --------------------------------------------------------------------
     def select(self, sids: list[int], trees: list[StepTree]) -> list[list[int]]:
         """Per tree, the nodes to send (increasing, root first, closed under parents)."""
-        items = []
         wrate = self.window_rate
         estimates = [node_estimates(tree, self.acceptance(sid)) for sid, tree in zip(sids, trees)]
         all_probs = [opt for _, opt in estimates]
         pinned = [sorted(_closed(tree, tree.pinned)) for tree in trees]  # sent whatever they cost
-        for b, (tree, probs) in enumerate(zip(trees, all_probs)):
-            for n in range(1, len(tree)):
-                if tree.candidate[n] and n not in pinned[b]:
-                    items.append(_Item(b, probs[n], 1, [n], (0, tree.depths[n], n)))
-            groups: dict[int, list[int]] = {}
-            for n in range(1, len(tree)):
-                if not tree.candidate[n] and tree.group[n] >= 0:
-                    groups.setdefault(tree.group[n], []).append(n)
-            for g, nodes in groups.items():
-                items.append(_Item(b, wrate, len(nodes), nodes, (1, g, 0)))
         # rank by expected tokens per unit of added time: a token costs more in a sequence over a
         # longer prefix when the cost knows the committed lengths (else every unit is the same)
         ones = [1] * len(trees)
         base = self._cost(ones)
         unit = [max(1e-6, self._cost(ones[:b] + [2] + ones[b + 1:]) - base) for b in range(len(trees))]
-        items.sort(key=lambda it: (-it.value / (it.tokens * unit[it.seq]), it.order))
+        # items: (-value per unit of time, order, sequence, value = expected new tokens, step tokens
+        # it adds, its nodes); order breaks ties: shallower nodes and lower groups first, which
+        # keeps every prefix of the ranking closed under parents
+        items = []
+        for b, (tree, probs) in enumerate(zip(trees, all_probs)):
+            u, pin, depths, candidate, group = unit[b], set(pinned[b]), tree.depths, tree.candidate, tree.group
+            groups: dict[int, list[int]] = {}
+            for n in range(1, len(tree)):
+                if candidate[n]:
+                    if n not in pin:
+                        items.append((-probs[n] / u, (0, depths[n], n), b, probs[n], 1, (n,)))
+                elif group[n] >= 0:
+                    groups.setdefault(group[n], []).append(n)
+            for g, nodes in groups.items():
+                items.append((-wrate / (len(nodes) * u), (1, g, 0), b, wrate, len(nodes), nodes))
+        items.sort(key=lambda it: (it[0], it[1], it[2]))
         tokens = [1 + len(p) for p in pinned]
         gain = len(trees) + sum(probs[n] for p, probs in zip(pinned, all_probs) for n in p)
         best, best_k = gain / self._time(tokens) * (1 + self.cfg.min_gain), 0
         taken = []
-        rest = sum(it.value for it in items)  # gain the items not yet looked at could still add
+        rest = sum(it[3] for it in items)  # gain the items not yet looked at could still add
+        max_tokens = self.cfg.max_tokens
         for it in items:
-            rest -= it.value
-            if tokens[it.seq] + it.tokens > self.cfg.max_tokens:
+            _, _, b, value, add, _ = it
+            rest -= value
+            if tokens[b] + add > max_tokens:
                 continue
-            tokens[it.seq] += it.tokens
-            gain += it.value
+            tokens[b] += add
+            gain += value
             taken.append(it)
             t = self._time(tokens)
             r = gain / t
@@ -321,7 +323,7 @@ class Planner:
                 break
         keep = [[0] + p for p in pinned]
         for it in taken[:best_k]:
-            keep[it.seq] += it.nodes
+            keep[it[2]] += it[5]
         chosen = [sorted(k) for k in keep]
         for (probs, _), k in zip(estimates, chosen):
             self.log["expected_tokens"] += sum(probs[n] for n in k)
