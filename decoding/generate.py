@@ -148,7 +148,7 @@ def _notify(on_tokens, seqs: list[Sequence], new: list[list[int]]) -> None:
 
 
 def _step_input(sid: int, tree: StepTree, logit_rows: list[int]) -> StepInput:
-    return StepInput(sid, tree.tokens, tree.depths, None if tree.is_chain() else tree.mask(), logit_rows)
+    return StepInput(sid, tree.tokens, tree.depths, None, logit_rows, None if tree.is_chain() else tree.parents)
 
 
 def _generator(sampling: SamplingParams, index: int, device: torch.device) -> Optional[torch.Generator]:

@@ -22,6 +22,19 @@ def pack_mask(mask: torch.Tensor) -> torch.Tensor:
     return words.to(torch.int32)
 
 
+def tree_mask_words(parents: list[int], n_words: int) -> list[list[int]]:
+    """``pack_mask`` of a tree's mask (row i sees its ancestors and itself; parents[i] < i,
+    -1 for a root), as (T, n_words) int32 values in lists, without building the (T, T) mask:
+    each row's ancestor set is one Python int."""
+    rows, out = [], []
+    for i, p in enumerate(parents):
+        bits = (rows[p] if p >= 0 else 0) | (1 << i)
+        rows.append(bits)
+        words = [(bits >> (BITS * w)) & 0xFFFFFFFF for w in range(n_words)]
+        out.append([v - (1 << 32) if v >= 1 << 31 else v for v in words])  # two's complement int32
+    return out
+
+
 def unpack_mask(words: torch.Tensor, size: int) -> torch.Tensor:
     """(T, n_words) int32 -> (T, size) bool; inverse of ``pack_mask``."""
     if words.dim() != 2 or words.dtype != torch.int32:

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from kernels.backend import StepMeta
-from kernels.mask import pack_mask
+from kernels.mask import pack_mask, tree_mask_words
 from models.kv_cache import PagedKVCache
 from models.llama import Transformer
 
@@ -24,6 +24,9 @@ class StepInput:
     depths: Optional[list[int]] = None  # (T,) position - committed length; None = 0 .. T-1
     mask: Optional[torch.Tensor] = None  # (T, T) bool, row i = step tokens i sees; None = causal
     logits_rows: Optional[list[int]] = None  # rows that need logits; None = all
+    # or the step as a tree: parents[i] < i is row i's parent (-1 for row 0); row i sees its
+    # ancestors and itself. The same as the mask it implies, packed without building it
+    parents: Optional[list[int]] = None
 
 
 class ModelRunner:
@@ -87,6 +90,13 @@ class ModelRunner:
                              f"{self.max_context} tokens")
         if inp.mask is not None and tuple(inp.mask.shape) != (T, T):
             raise ValueError(f"sequence {inp.seq_id}: mask must be ({T}, {T}), got {tuple(inp.mask.shape)}")
+        if inp.parents is not None:
+            if inp.mask is not None:
+                raise ValueError(f"sequence {inp.seq_id}: give a mask or parents, not both")
+            par = list(inp.parents)
+            if len(par) != T or par[0] != -1 or any(not 0 <= p < i for i, p in enumerate(par) if i):
+                raise ValueError(f"sequence {inp.seq_id}: parents must have {T} entries, -1 first and then "
+                                 f"0 <= parents[i] < i, got {par[:8]}{' ...' if len(par) > 8 else ''}")
         bad = [t for t in inp.tokens if not 0 <= t < self.cfg.vocab_size]
         if bad:
             raise ValueError(f"sequence {inp.seq_id}: token ids must be in [0, {self.cfg.vocab_size}), got {bad[:3]}")
@@ -118,7 +128,7 @@ class ModelRunner:
         cache.reserve({inp.seq_id: len(inp.tokens) for inp in inputs})  # all or nothing
 
         tokens, positions, slots, cu, logits_idx = [], [], [], [0], []
-        any_mask = any(inp.mask is not None for inp in inputs)
+        any_mask = any(inp.mask is not None or inp.parents is not None for inp in inputs)
         for inp, depths in zip(inputs, all_depths):
             ctx, T = cache.lengths[inp.seq_id], len(inp.tokens)
             tokens += inp.tokens
@@ -131,15 +141,18 @@ class ModelRunner:
         seq_ids = [inp.seq_id for inp in inputs]
         mask = causal = None
         if any_mask:
-            width = max(len(inp.tokens) for inp in inputs if inp.mask is not None)
+            tree = [inp.mask is not None or inp.parents is not None for inp in inputs]
+            width = max(len(inp.tokens) for inp, t in zip(inputs, tree) if t)
             n_words = -(-width // 32)
             mask = torch.zeros(cu[-1], n_words, dtype=torch.int32)
             for b, inp in enumerate(inputs):
-                if inp.mask is not None:
+                if inp.parents is not None:
+                    mask[cu[b]:cu[b + 1]] = torch.tensor(tree_mask_words(inp.parents, n_words), dtype=torch.int32)
+                elif inp.mask is not None:
                     words = pack_mask(inp.mask.cpu())
                     mask[cu[b]:cu[b + 1], :words.shape[1]] = words
             mask = mask.to(dev)
-            causal = torch.tensor([inp.mask is None for inp in inputs], dtype=torch.bool, device=dev)
+            causal = torch.tensor([not t for t in tree], dtype=torch.bool, device=dev)
         meta = StepMeta(
             cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
             positions=torch.tensor(positions, dtype=torch.int32, device=dev),

@@ -82,6 +82,35 @@ def test_step_rejects_bad_input_without_side_effects():
         runner.step([StepInput(0, [1, 2], depths=[0, 300])])  # max_position_embeddings = 256
     with pytest.raises(ValueError, match="mask"):
         runner.step([StepInput(0, [1, 2], mask=torch.ones(3, 3, dtype=torch.bool))])
+    for bad in ([-1, 0], [0, -1, 0], [-1, 1, 0], [-1, 0, 2]):  # wrong length / root / a parent not before its row
+        with pytest.raises(ValueError, match="parents"):
+            runner.step([StepInput(0, [1, 2, 3], parents=bad)])
+    with pytest.raises(ValueError, match="mask or parents"):
+        runner.step([StepInput(0, [1, 2], mask=torch.ones(2, 2, dtype=torch.bool).tril(), parents=[-1, 0])])
     with pytest.raises(KeyError):
         runner.step([StepInput(9, [1])])
     assert runner.cache.free_blocks == free_before and runner.cache.lengths[0] == 0
+
+
+def test_a_step_given_by_parents_is_the_step_given_by_its_mask():
+    """The runner packs a tree's mask from its parents without building it: the same logits as
+    the (T, T) mask, in a ragged batch with a causal sequence beside it, over 40 rows (two
+    mask words)."""
+    from decoding.tree import PLD, StepTree
+    hf = tiny_hf_model("llama")
+    g = torch.Generator().manual_seed(0)
+    tree = StepTree.root(3)
+    while len(tree) < 40:
+        parent = int(torch.randint(0, len(tree), (1,), generator=g))
+        tree.add_child(parent, int(torch.randint(1, 90, (1,), generator=g)), PLD)
+    outs = []
+    for how in ("mask", "parents"):
+        runner = ours_from_hf(hf, cache_tokens=256, block_size=4)
+        for s, ids in ((0, list(range(1, 14))), (1, list(range(20, 29)))):
+            runner.add_sequence(s)
+            runner.step([StepInput(s, ids)])
+            runner.commit({s: list(range(len(ids)))})
+        step = StepInput(0, tree.tokens, tree.depths, **({"mask": tree.mask()} if how == "mask" else
+                                                         {"parents": tree.parents}))
+        outs.append(torch.cat(runner.step([StepInput(1, [5, 6, 7]), step])))
+    assert torch.equal(outs[0], outs[1])

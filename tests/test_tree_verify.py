@@ -27,6 +27,19 @@ def test_trie_merges_chains_and_masks_ancestors():
     assert not t.is_chain() and StepTree.root(1).is_chain()
 
 
+def test_tree_mask_words_pack_the_tree_mask():
+    """Random trees of 1 to 100 nodes (up to four words; rows past 31 set the sign bit)."""
+    from kernels.mask import pack_mask, tree_mask_words
+    g = torch.Generator().manual_seed(0)
+    for T in (1, 2, 31, 32, 33, 64, 65, 100):
+        parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, T)]
+        t = StepTree(tokens=list(range(T)), parents=parents)
+        want = pack_mask(t.mask())
+        for n_words in (want.shape[1], want.shape[1] + 1):  # padded to a wider batch's words
+            got = torch.tensor(tree_mask_words(parents, n_words), dtype=torch.int32)
+            assert torch.equal(got[:, :want.shape[1]], want) and not got[:, want.shape[1]:].any()
+
+
 def test_trie_node_budget_and_private_nodes():
     t = StepTree.root(0)
     t.add_chain([1, 2, 3], PLD, max_nodes=2)
