@@ -50,23 +50,28 @@ class SuffixTrie:
         return len(self.count)
 
     def extend(self, tokens: list[int]) -> None:
+        child, count, level, depth, cap = self.child, self.count, self.level, self.depth, self.max_nodes
+        active = self.active
         for x in tokens:
             new = [0]
-            for a in self.active:
-                if self.level[a] >= self.depth:
+            for a in active:
+                la = level[a]
+                if la >= depth:
                     continue
-                c = self.child[a].get(x)
+                kids = child[a]
+                c = kids.get(x)
                 if c is None:
-                    if len(self.count) >= self.max_nodes:
+                    if len(count) >= cap:
                         continue  # full: known substrings keep counting, new ones are not added
-                    c = len(self.count)
-                    self.child[a][x] = c
-                    self.child.append({})
-                    self.count.append(0)
-                    self.level.append(self.level[a] + 1)
-                self.count[c] += 1
+                    c = len(count)
+                    kids[x] = c
+                    child.append({})
+                    count.append(0)
+                    level.append(la + 1)
+                count[c] += 1
                 new.append(c)
-            self.active = new
+            active = new
+        self.active = active
 
     def new_stream(self) -> None:
         """The next tokens start a new text (no substring spans two streams)."""
