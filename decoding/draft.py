@@ -14,7 +14,7 @@ import torch
 from decoding.planner import Acceptance, PlannerConfig, node_keys, node_probs
 from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
 from decoding.sampling import SamplingParams, probs_from_logits, sample
-from decoding.prompt_lookup import PromptLookupConfig, lookup_candidates
+from decoding.prompt_lookup import DeviceHistories, PromptLookupConfig, lookup_states
 from decoding.tree import DRAFT, PLD, StepTree
 from decoding.verify import verify_draft_model, verify_mixed
 from models.llama import Transformer
@@ -274,6 +274,7 @@ class DraftPLD(DraftModel):
         # step planner estimates them): where they are likely, the draft model is not run
         self.pld_rates = Acceptance(PlannerConfig())
         self._found: dict[int, list[list[int]]] = {}
+        self.histories = DeviceHistories()
 
     def init_state(self, base: SeqState) -> DraftState:
         state = super().init_state(base)
@@ -284,7 +285,7 @@ class DraftPLD(DraftModel):
         todo = [i for i, b in enumerate(budgets) if b.max_depth > 0]
         self._found = {}
         if todo:  # prompt lookup first: what it will likely give decides how far the draft model runs
-            found = lookup_candidates(ctx.backend, [states[i].tokens for i in todo], self.pld, ctx.device)
+            found = lookup_states(ctx.backend, [states[i] for i in todo], self.pld, ctx.device, self.histories)
             self._found = {states[i].sid: [c[:budgets[i].max_depth] for c in chains] for i, chains in zip(todo, found)}
         trees = super().propose(states, budgets, ctx)
         for s, b, tree in zip(states, budgets, trees):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from decoding.ngram_pool import NgramPool
-from decoding.prompt_lookup import PromptLookupConfig, lookup_candidates
+from decoding.prompt_lookup import DeviceHistories, PromptLookupConfig, lookup_states
 from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
 from decoding.tree import HARVEST, PLD, POOL, WINDOW, StepTree
 
@@ -168,11 +168,15 @@ class LookaheadPLD(Lookahead):
     name = "lookahead+pld"
     sources = PLD | POOL | HARVEST | WINDOW
 
+    def __init__(self, cfg: LookaheadConfig | None = None):
+        super().__init__(cfg)
+        self.histories = DeviceHistories()
+
     def extra_chains(self, states, depth, ctx):
         todo = [i for i, d in enumerate(depth) if d > 0]
         out = [[] for _ in states]
         if todo:
-            found = lookup_candidates(ctx.backend, [states[i].tokens for i in todo], self.cfg.pld, ctx.device)
+            found = lookup_states(ctx.backend, [states[i] for i in todo], self.cfg.pld, ctx.device, self.histories)
             for i, chains in zip(todo, found):
                 out[i] = chains
         return out

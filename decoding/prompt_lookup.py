@@ -2,7 +2,9 @@
 n-gram in the prompt and the sequence's own output, matched for the whole batch at once by
 the ``ngram_match`` kernel."""
 
+import weakref
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -40,18 +42,65 @@ def lookup_candidates(backend, histories: list[list[int]], cfg: PromptLookupConf
                                      num_candidates=cfg.num_candidates, prefer=cfg.prefer, partial=cfg.partial)
 
 
+class DeviceHistories:
+    """Each sequence's tokens mirrored on the device for the n-gram kernel. A step uploads
+    only the tokens appended since the previous step (``SeqState.tokens`` only grows) and the
+    batch's histories are joined on the device, so no step copies a whole history from the
+    host. Entries go with their states (weak keys)."""
+
+    def __init__(self):
+        # state -> (device buffer, tokens uploaded, the last of them: a cheap check that the list only grew)
+        self._mirror: "weakref.WeakKeyDictionary[SeqState, tuple[torch.Tensor, int, int]]" = weakref.WeakKeyDictionary()
+        self.uploaded = 0  # tokens copied from the host so far (for tests and benchmarks)
+
+    def pack(self, states: list[SeqState], device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens, cu_seqlens) of the states' histories back to back on ``device``."""
+        device = torch.device(device)
+        parts, lens = [], []
+        for s in states:
+            L = len(s.tokens)
+            buf, n, last = self._mirror.get(s, (None, 0, None))
+            if buf is not None and (buf.device != device or n > L or (n and s.tokens[n - 1] != last)):
+                buf, n = None, 0  # another device, or not the list it was: upload it again
+            if buf is None or buf.numel() < L:
+                grown = torch.empty(max(2 * L, 64), dtype=torch.int32, device=device)
+                if n:
+                    grown[:n] = buf[:n]
+                buf = grown
+            if n < L:
+                buf[n:L] = torch.tensor(s.tokens[n:L], dtype=torch.int32).to(device, non_blocking=True)
+                self.uploaded += L - n
+            self._mirror[s] = (buf, L, s.tokens[L - 1] if L else None)
+            parts.append(buf[:L])
+            lens.append(L)
+        cu = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32).to(device, non_blocking=True)
+        return (torch.cat(parts) if parts else torch.empty(0, dtype=torch.int32, device=device)), cu
+
+
+def lookup_states(backend, states: list[SeqState], cfg: PromptLookupConfig, device: torch.device | str = "cpu",
+                  mirror: Optional[DeviceHistories] = None) -> list[list[list[int]]]:
+    """``lookup_candidates`` of the states' histories; a backend whose kernel runs on the
+    device reads them from ``mirror`` (kept there between steps) when one is given."""
+    if mirror is None or backend.searches_on_host:
+        return lookup_candidates(backend, [s.tokens for s in states], cfg, device)
+    tokens, cu = mirror.pack(states, device)
+    return backend.ngram_match_found(tokens, cu, min_n=cfg.min_ngram, max_n=cfg.max_ngram, k=cfg.num_draft,
+                                     num_candidates=cfg.num_candidates, prefer=cfg.prefer, partial=cfg.partial)
+
+
 class PromptLookup(Proposer[SeqState]):
     name = "pld"
     sources = PLD
 
     def __init__(self, cfg: PromptLookupConfig | None = None):
         self.cfg = cfg or PromptLookupConfig()
+        self.histories = DeviceHistories()
 
     def propose(self, states: list[SeqState], budgets: list[Budget], ctx: Context) -> list[StepTree]:
         trees = [StepTree.root(s.root) for s in states]
         todo = [i for i, b in enumerate(budgets) if b.max_depth > 0]
         if todo:
-            found = lookup_candidates(ctx.backend, [states[i].tokens for i in todo], self.cfg, ctx.device)
+            found = lookup_states(ctx.backend, [states[i] for i in todo], self.cfg, ctx.device, self.histories)
             for i, chains in zip(todo, found):
                 for chain in chains:
                     trees[i].add_chain(chain[:budgets[i].max_depth], PLD, budgets[i].max_nodes)

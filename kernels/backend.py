@@ -49,16 +49,24 @@ class Backend(abc.ABC):
     def ngram_match(self, tokens, cu_seqlens, **kw):
         """See the matching function in kernels/."""
 
+    # True: ``ngram_match_lists`` searches the host's lists itself (no device mirror helps it)
+    searches_on_host = False
+
     def ngram_match_lists(self, histories: list[list[int]], device="cpu", **kw) -> list[list[list[int]]]:
         """``ngram_match`` for histories held as lists: they go to ``device`` in one tensor, the
-        kernel runs once, and each history's found continuations come back as lists (the
-        step's one host transfer)."""
+        kernel runs once, and each history's found continuations come back as lists.
+        (``decoding.prompt_lookup.DeviceHistories`` keeps them on the device instead.)"""
         lens = [len(h) for h in histories]
         cu = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32)
         flat = torch.tensor([t for h in histories for t in h], dtype=torch.int32)
-        cands, counts = self.ngram_match(flat.to(device), cu.to(device), **kw)
+        return self.ngram_match_found(flat.to(device), cu.to(device), **kw)
+
+    def ngram_match_found(self, tokens, cu_seqlens, **kw) -> list[list[list[int]]]:
+        """``ngram_match`` on histories already on the device; per history its found
+        continuations as lists (the step's one transfer to the host)."""
+        cands, counts = self.ngram_match(tokens, cu_seqlens, **kw)
         cands, counts = cands.tolist(), counts.tolist()
-        return [[row[:n] for row, n in zip(cands[b], counts[b]) if n > 0] for b in range(len(histories))]
+        return [[row[:n] for row, n in zip(cands[b], counts[b]) if n > 0] for b in range(len(counts))]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -91,6 +99,8 @@ class TorchBackend(Backend):
 
     def ngram_match(self, tokens, cu_seqlens, **kw):
         return ngram_mod.ngram_match_ref(tokens, cu_seqlens, **kw)
+
+    searches_on_host = True
 
     def ngram_match_lists(self, histories, device="cpu", **kw):
         # the reference is a host loop whatever the device: search the lists where they are

@@ -225,3 +225,57 @@ def test_bad_inputs_raise(bad, name):
     tokens, cu = args.pop("tokens"), args.pop("cu_seqlens")
     with pytest.raises(ValueError, match=name):
         ngram_match(tokens, cu, **args)
+
+
+def test_device_histories_upload_only_what_was_appended():
+    """The mirror joins the histories like the lists, copies each token from the host once,
+    grows its buffers, re-uploads a list that was replaced, and forgets dropped states."""
+    import gc
+
+    from decoding.prompt_lookup import DeviceHistories
+    from decoding.proposer import SeqState
+
+    g = torch.Generator().manual_seed(5)
+    states = [SeqState(i, torch.randint(0, 9, (n,), generator=g).tolist(), n) for i, n in enumerate((40, 3, 70))]
+    mirror = DeviceHistories()
+
+    def check(sts):
+        tokens, cu = mirror.pack(sts, "cpu")
+        assert tokens.dtype == torch.int32 and cu.dtype == torch.int32
+        assert tokens.tolist() == [t for s in sts for t in s.tokens]
+        assert cu.tolist() == [0] + torch.tensor([len(s.tokens) for s in sts]).cumsum(0).tolist()
+
+    check(states)
+    assert mirror.uploaded == 113
+    states[0].tokens += [1, 2, 3]
+    states[1].tokens += list(range(100))  # past the buffer's room: it grows, keeping what it held
+    check(states)
+    assert mirror.uploaded == 113 + 103
+    check([states[2], states[0]])  # another batch order, nothing new
+    assert mirror.uploaded == 216
+    states[2].tokens = states[2].tokens[:-1] + [states[2].tokens[-1] + 1]  # not the list it was
+    check(states)
+    assert mirror.uploaded == 216 + 70
+    assert mirror.pack([], "cpu")[0].numel() == 0
+    del states[1]
+    gc.collect()
+    assert len(mirror._mirror) == 2
+
+
+def test_lookup_states_from_the_device_mirror_equals_the_host_search():
+    """What pld and lookahead+pld call: the Triton kernel over the mirrored histories gives the
+    host search's candidates over several steps of a ragged batch."""
+    from decoding.prompt_lookup import DeviceHistories, PromptLookupConfig, lookup_states
+    from decoding.proposer import SeqState
+    from kernels.backend import get_backend
+
+    g = torch.Generator().manual_seed(6)
+    states = [SeqState(i, torch.randint(0, 4, (n,), generator=g).tolist(), n) for i, n in enumerate((5, 30, 17))]
+    cfg = PromptLookupConfig(num_candidates=3, num_draft=4)
+    mirror, triton_be, torch_be = DeviceHistories(), get_backend("triton", "cpu"), get_backend("torch", "cpu")
+    for step in range(3):
+        want = lookup_states(torch_be, states, cfg, "cpu", mirror)  # the host search: the mirror is not used
+        assert lookup_states(triton_be, states, cfg, "cpu", mirror) == want and any(want)
+        assert mirror.uploaded == sum(len(s.tokens) for s in states)  # each token copied once
+        for s in states:
+            s.tokens += torch.randint(0, 4, (int(torch.randint(1, 4, (1,), generator=g)),), generator=g).tolist()
