@@ -332,7 +332,8 @@ def main(argv=None) -> None:
         rows.append(bench_attention(name, [(C, T, rule)] * B, splits, sz, dtype, device, g, time_fn))
     print_table(rows, gpu)
     print("flex / sdpa: dense baselines on pre-gathered, padded contiguous K/V (gather not timed); "
-          "ref = the torch reference (what the `--kernel torch` backend runs, but for ngram_match: its host search, `host`). Outputs checked against the reference first.")
+          "ref = the torch reference (what the `--kernel torch` backend runs; for ngram_match it runs the host "
+          "search, `host`). Outputs checked against the reference first.")
 
 
 if __name__ == "__main__":
