@@ -26,8 +26,13 @@ def tree_mask_words(parents: list[int], n_words: int) -> list[list[int]]:
     """``pack_mask`` of a tree's mask (row i sees its ancestors and itself; parents[i] < i,
     -1 for a root), as (T, n_words) int32 values in lists, without building the (T, T) mask:
     each row's ancestor set is one Python int."""
+    if n_words * BITS < len(parents):
+        raise ValueError(f"n_words must hold a bit per row: {len(parents)} rows need >= {-(-len(parents) // BITS)}, "
+                         f"got {n_words}")
     rows, out = [], []
     for i, p in enumerate(parents):
+        if not -1 <= p < i:
+            raise ValueError(f"parents[{i}] must be -1 (a root) or an earlier row (0 <= p < {i}), got {p}")
         bits = (rows[p] if p >= 0 else 0) | (1 << i)
         rows.append(bits)
         words = [(bits >> (BITS * w)) & 0xFFFFFFFF for w in range(n_words)]

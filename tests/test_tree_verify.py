@@ -38,6 +38,10 @@ def test_tree_mask_words_pack_the_tree_mask():
         for n_words in (want.shape[1], want.shape[1] + 1):  # padded to a wider batch's words
             got = torch.tensor(tree_mask_words(parents, n_words), dtype=torch.int32)
             assert torch.equal(got[:, :want.shape[1]], want) and not got[:, want.shape[1]:].any()
+    with pytest.raises(ValueError, match="n_words"):
+        tree_mask_words([-1] + list(range(32)), 1)  # 33 rows do not fit one word
+    with pytest.raises(ValueError, match=r"parents\[2\]"):
+        tree_mask_words([-1, 0, 2], 1)  # a row cannot be its own parent
 
 
 def test_trie_node_budget_and_private_nodes():
