@@ -38,8 +38,13 @@ def lookup_candidates(backend, histories: list[list[int]], cfg: PromptLookupConf
                       device: torch.device | str = "cpu") -> list[list[list[int]]]:
     """Per history, its candidate continuations (best first) from one batched kernel call
     (the torch backend searches the lists on the host)."""
-    return backend.ngram_match_lists(histories, device, min_n=cfg.min_ngram, max_n=cfg.max_ngram, k=cfg.num_draft,
-                                     num_candidates=cfg.num_candidates, prefer=cfg.prefer, partial=cfg.partial)
+    return backend.ngram_match_lists(histories, device, **_match_args(cfg))
+
+
+def _match_args(cfg: PromptLookupConfig) -> dict:
+    """The n-gram kernel's arguments for ``cfg``."""
+    return dict(min_n=cfg.min_ngram, max_n=cfg.max_ngram, k=cfg.num_draft, num_candidates=cfg.num_candidates,
+                prefer=cfg.prefer, partial=cfg.partial)
 
 
 class DeviceHistories:
@@ -84,8 +89,7 @@ def lookup_states(backend, states: list[SeqState], cfg: PromptLookupConfig, devi
     if mirror is None or backend.searches_on_host:
         return lookup_candidates(backend, [s.tokens for s in states], cfg, device)
     tokens, cu = mirror.pack(states, device)
-    return backend.ngram_match_found(tokens, cu, min_n=cfg.min_ngram, max_n=cfg.max_ngram, k=cfg.num_draft,
-                                     num_candidates=cfg.num_candidates, prefer=cfg.prefer, partial=cfg.partial)
+    return backend.ngram_match_found(tokens, cu, **_match_args(cfg))
 
 
 class PromptLookup(Proposer[SeqState]):
