@@ -128,7 +128,8 @@ class ModelRunner:
         cache.reserve({inp.seq_id: len(inp.tokens) for inp in inputs})  # all or nothing
 
         tokens, positions, slots, cu, logits_idx = [], [], [], [0], []
-        any_mask = any(inp.mask is not None or inp.parents is not None for inp in inputs)
+        tree = [inp.mask is not None or inp.parents is not None for inp in inputs]  # not causal
+        any_mask = any(tree)
         for inp, depths in zip(inputs, all_depths):
             ctx, T = cache.lengths[inp.seq_id], len(inp.tokens)
             tokens += inp.tokens
@@ -141,7 +142,6 @@ class ModelRunner:
         seq_ids = [inp.seq_id for inp in inputs]
         mask = causal = None
         if any_mask:
-            tree = [inp.mask is not None or inp.parents is not None for inp in inputs]
             width = max(len(inp.tokens) for inp, t in zip(inputs, tree) if t)
             n_words = -(-width // 32)
             mask = torch.zeros(cu[-1], n_words, dtype=torch.int32)
