@@ -46,7 +46,8 @@ class Bench:
                                                                              args.device))
                 self.methods.append(HF_ASSISTED)
         self.hf_methods = set(HF_METHODS) | {HF_ASSISTED}
-        self.cost = None if args.no_plan else step_cost(self.model, DEFAULT_CACHE_DIR)
+        self.cost = None if args.no_plan else (args.step_cost_curve if args.step_cost_curve is not None
+                                               else step_cost(self.model, DEFAULT_CACHE_DIR))
         self.skipped: list[str] = []
         self._encoded: dict[str, list[int]] = {}
 
@@ -82,7 +83,7 @@ class Bench:
         from bench.hf_compare import hf_generate
         from decoding.generate import generate
         from decoding.options import build_proposer
-        from decoding.planner import Planner
+        from decoding.planner import Planner, PlannerConfig
 
         if name in self.hf_methods:
             def one(p):
@@ -95,7 +96,8 @@ class Bench:
             return [(one(p), 0) for p in prompts]
 
         def call(clock):
-            plan = Planner(self.cost) if self.cost is not None and name != "ar" else None
+            plan = (Planner(self.cost, PlannerConfig(learn_overhead=not self.args.fixed_plan))
+                    if self.cost is not None and name != "ar" else None)
             res = generate(self.model, prompts, build_proposer(name, self.args, self.draft), max_new_tokens=max_new,
                            sampling=self.sp, planner=plan, on_tokens=clock)
             return ([{"output_ids": x.output_ids, "forwards": x.stats.forwards, "stats": x.stats.as_dict(),

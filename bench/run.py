@@ -4,10 +4,12 @@
     python bench/run.py --kernel triton --methods ar,pld,lookahead+pld --tasks summarization
     python bench/run.py --prompts my.jsonl --compare-hf --out out/mine
     python bench/run.py --prompts question.jsonl --repeats 3   # a Spec-Bench question file
+    python bench/run.py --step-cost bench/out/step_cost.json --fixed-plan   # the same plans again
 
 Writes OUT/results.json (one record per prompt turn and method), OUT/results.md (tables),
 OUT/chart.png (speedup and tau per task per method), OUT/accept_hist.png (tokens gained per
-step) and OUT/answers_<method>.jsonl (Spec-Bench answer files), and prints the tables.
+step), OUT/answers_<method>.jsonl (Spec-Bench answer files) and, with the planner on,
+OUT/step_cost.json (the step-cost curve it planned with), and prints the tables.
 """
 
 import argparse
@@ -125,7 +127,11 @@ def header(args, device_name: str, memory_kind: str) -> dict:
         "repeats": f"{args.repeats} (tokens/s: median over the repeats, min-max beside it)",
         "memory": memory_kind,
         "lookahead W,N,G": args.lookahead, "pld max_ngram,draft": args.pld,
-        "step planner": "off" if args.no_plan else "on (measured step cost)",
+        "step planner": "off" if args.no_plan else (
+            "on (" + ("the step-cost curve of " + str(args.step_cost) if args.step_cost is not None
+                      else "measured step cost")
+            + ("; fixed: the host's time per step is not learned, plans are reproducible)" if args.fixed_plan
+               else "; the host's time per step learned from the wall clock)")),
         "versions": f"python {platform.python_version()}, torch {torch.__version__}, triton {triton.__version__}, "
                     f"transformers {transformers.__version__}",
     }
@@ -193,6 +199,10 @@ def main(argv=None) -> int:
     written = [args.out / "results.json", args.out / "results.md",
                chart(results, methods, tasks, args.out / "chart.png", title, head.get("step_cost_curve")),
                accept_chart(results, methods, args.out / "accept_hist.png", title)]
+    if bench.cost is not None:  # the curve this run planned with: --step-cost replays it
+        from models.cost import save_step_cost
+        save_step_cost(bench.cost, args.out / "step_cost.json")
+        written.append(args.out / "step_cost.json")
     written += write_answers(args.out, results, Path(args.model).stem if args.model.endswith(".gguf") else
                              Path(args.model).name)
     print(md)

@@ -76,9 +76,15 @@ def main(argv=None, out=sys.stdout, err=sys.stderr) -> int:
         out.write(piece)
         out.flush()
 
+    planner = None
+    if args.step_cost_curve is not None or args.fixed_plan:
+        from decoding.options import planner_for
+        from models.loader import DEFAULT_CACHE_DIR
+        planner = planner_for(gen.model, proposer.name, args.no_plan, gen.cache_dir or DEFAULT_CACHE_DIR,
+                              args.step_cost_curve, args.fixed_plan)
     t0 = time.perf_counter()
     r = gen.generate(prompt, proposer, max_new_tokens=args.max_new_tokens, sampling=sampling_of(args),
-                     stop=args.stop, stream=stream, plan=not args.no_plan)[0]
+                     stop=args.stop, stream=stream, plan=not args.no_plan, planner=planner)[0]
     secs = time.perf_counter() - t0
     out.write("\n")
     st, n = r.stats, len(r.token_ids)

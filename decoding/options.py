@@ -3,6 +3,7 @@ checks (each bad value is a clear error naming the flag and its limit, raised be
 model loads) and the method configurations they build."""
 
 import argparse
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -39,6 +40,12 @@ def add_decoding_flags(p: argparse.ArgumentParser) -> None:
                    help="distinct prompt-lookup continuations merged into lookahead+pld's trie (default 4)")
     p.add_argument("--no-plan", action="store_true",
                    help="send every proposer's whole tree (no step planning from the measured step cost)")
+    p.add_argument("--step-cost", type=Path, default=None, metavar="FILE",
+                   help="plan with the step-cost curve saved in FILE (a benchmark's OUT/step_cost.json) "
+                        "instead of this machine's measured one")
+    p.add_argument("--fixed-plan", action="store_true",
+                   help="plan from the step-cost curve alone, without learning the host's time per step "
+                        "from the wall clock: with --step-cost, every step's plan (and tau) is reproducible")
 
 
 def ints(text: str, flag: str, n: int, minimum: list[int]) -> tuple[int, ...]:
@@ -74,6 +81,15 @@ def check(args: argparse.Namespace) -> None:
     args.pld_nk = ints(args.pld, "--pld", 2, [1, 1])
     if args.pld_candidates < 1:
         raise ValueError(f"--pld-candidates must be >= 1, got {args.pld_candidates}")
+    if args.no_plan and (args.step_cost is not None or args.fixed_plan):
+        raise ValueError("--step-cost and --fixed-plan size the planner's steps; they cannot go with --no-plan")
+    args.step_cost_curve = None
+    if args.step_cost is not None:
+        from models.cost import load_step_cost
+        try:
+            args.step_cost_curve = load_step_cost(args.step_cost)
+        except ValueError as e:
+            raise ValueError(f"--step-cost: {e}") from None
 
 
 def sampling_of(args: argparse.Namespace) -> SamplingParams:
@@ -108,11 +124,12 @@ def build_proposer(name: str, args: argparse.Namespace, draft_model=None):
     return make_proposer(name)
 
 
-def planner_for(model, name: str, no_plan: bool, cache_dir) -> Optional[object]:
-    """A step planner from the model's measured (cached) step cost; None for ``ar`` or with
-    --no-plan."""
+def planner_for(model, name: str, no_plan: bool, cache_dir, cost=None, fixed: bool = False) -> Optional[object]:
+    """A step planner from ``cost`` (a StepCost, e.g. ``--step-cost``'s) or else the model's
+    measured (cached) step cost; None for ``ar`` or with --no-plan. ``fixed``: do not learn the
+    host's time per step from the wall clock (--fixed-plan)."""
     if no_plan or name == "ar":
         return None
-    from decoding.planner import Planner
+    from decoding.planner import Planner, PlannerConfig
     from models.cost import step_cost
-    return Planner(step_cost(model, cache_dir))
+    return Planner(cost if cost is not None else step_cost(model, cache_dir), PlannerConfig(learn_overhead=not fixed))

@@ -19,6 +19,11 @@ or the 16-token / one-token ratio is off the cached curve by more than ``CHECK_T
 (a shared machine that got slower, another process on the cores, a cache carried to another
 host of the same name), the curve is measured again with a warning. ``StepCost.origin`` says
 which of these happened.
+
+A curve can also be saved (``save_step_cost``: every benchmark run writes the one it planned
+with) and pinned in a later run (``load_step_cost``; ``--step-cost FILE``), which with the
+planner's ``learn_overhead=False`` (``--fixed-plan``) makes every planned step, and so tau, the
+same from run to run.
 """
 
 import bisect
@@ -168,6 +173,19 @@ def drifted(cost: StepCost, seen: dict[int, float], tol: float = CHECK_TOLERANCE
     return None
 
 
+def _parse(data: dict) -> StepCost:
+    """A StepCost from its ``asdict`` form; ValueError (or KeyError / TypeError) when it is
+    not a usable curve."""
+    cost = StepCost(**data)
+    ok = (len(cost.tokens) == len(cost.ms) >= 2 and cost.tokens == sorted(cost.tokens)
+          and all(b >= a > 0 for a, b in zip(cost.ms, cost.ms[1:])) and cost.per_seq_ms >= 0
+          and len(cost.long_tokens) == len(cost.long_ms) and all(m > 0 for m in cost.long_ms)
+          and (cost.long_context == 0 or (cost.long_context > cost.context and len(cost.long_ms) >= 2)))
+    if not ok:
+        raise ValueError("the curve is not a non-decreasing positive list")
+    return cost
+
+
 def _read(path: Path, key: dict) -> Optional[StepCost]:
     if not path.is_file():
         return None
@@ -176,17 +194,34 @@ def _read(path: Path, key: dict) -> Optional[StepCost]:
         if data["key"] != key:
             warnings.warn(f"step-cost cache {path} was written for another setup ({data['key']}); measuring again")
             return None
-        cost = StepCost(**data["cost"])
-        ok = (len(cost.tokens) == len(cost.ms) >= 2 and cost.tokens == sorted(cost.tokens)
-              and all(b >= a > 0 for a, b in zip(cost.ms, cost.ms[1:])) and cost.per_seq_ms >= 0
-              and len(cost.long_tokens) == len(cost.long_ms) and all(m > 0 for m in cost.long_ms)
-              and (cost.long_context == 0 or (cost.long_context > cost.context and len(cost.long_ms) >= 2)))
-        if not ok:
-            raise ValueError("the curve is not a non-decreasing positive list")
-        return cost
+        return _parse(data["cost"])
     except (ValueError, KeyError, TypeError) as e:
         warnings.warn(f"step-cost cache {path} is unreadable ({e}); measuring again")
         return None
+
+
+def save_step_cost(cost: StepCost, path: Path | str) -> None:
+    """Write ``cost`` to ``path`` (JSON, the cache's ``cost`` part) so that a later run can plan
+    with exactly this curve (``load_step_cost``), on this machine or another."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"cost": asdict(cost), "origin": cost.origin}, indent=1))
+
+
+def load_step_cost(path: Path | str) -> StepCost:
+    """The curve in ``path``: a file ``save_step_cost`` wrote (a benchmark's
+    ``OUT/step_cost.json``) or a cache file of ``step_cost``. It is used as it is: no check
+    against this machine (pinning a curve is the point). ValueError naming the file otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"step-cost file {path} does not exist")
+    try:
+        data = json.loads(path.read_text())
+        cost = _parse(data["cost"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"step-cost file {path} is not a step-cost curve ({type(e).__name__}: {e})") from None
+    cost.origin = f"file {path}"
+    return cost
 
 
 @torch.inference_mode()

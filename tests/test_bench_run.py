@@ -206,6 +206,25 @@ def test_results_hold_text_ttft_memory_and_step_sizes(specbench_run, smol):
     assert (out / "accept_hist.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_run_replays_the_step_cost_curve_of_another(specbench_run, tmp_path):
+    """Every planned run writes OUT/step_cost.json; --step-cost FILE --fixed-plan plans another
+    run with exactly that curve, says so in the header and writes the same curve again."""
+    from bench.run import main
+    from models.cost import load_step_cost
+
+    out, data = specbench_run
+    saved = out / "step_cost.json"
+    assert load_step_cost(saved).ms == data["header"]["step_cost_curve"]["ms"]
+    q = tmp_path / "question.jsonl"
+    q.write_text(json.dumps(QUESTIONS[1]) + "\n")
+    assert main(["--prompts", str(q), "--methods", "pld", "--max-new-tokens", "8", "--step-cost", str(saved),
+                 "--fixed-plan", "--out", str(tmp_path / "o")]) == 0
+    head = json.loads((tmp_path / "o" / "results.json").read_text())["header"]
+    assert head["step_cost_curve"]["origin"] == f"file {saved}" and head["step cost"].endswith(f"file {saved}")
+    assert str(saved) in head["step planner"] and "fixed" in head["step planner"]
+    assert load_step_cost(tmp_path / "o" / "step_cost.json") == load_step_cost(saved)
+
+
 def test_malformed_specbench_record_rejected_with_line_and_field(tmp_path):
     bad = tmp_path / "question.jsonl"
     bad.write_text(json.dumps(QUESTIONS[0]) + "\n" + json.dumps({"question_id": 2, "category": "qa", "turns": "hi"})

@@ -251,6 +251,12 @@ def test_overhead_is_learned_from_wall_time():
     assert grows.overhead_per_token == pytest.approx(0.5, abs=1e-6)
     assert grows._time([3]) == pytest.approx(13 + 5 + 1.5, abs=1e-6)
     assert grows._time([9]) == pytest.approx(19 + 5 + 4.5, abs=1e-6)
+    fixed = Planner(linear_cost(10, 1), PlannerConfig(learn_overhead=False))  # --fixed-plan
+    for i in range(200):
+        n = 1 + i % 9
+        fixed.observe_time([n], 10 + n + 5 + 0.5 * n, 1)
+    assert fixed._time([3]) == 13 and fixed._time([9]) == 19  # the curve alone: wall time changes nothing
+    assert fixed.log["steps"] == 200  # still reported
 
 
 def test_a_proposers_own_chances_replace_the_keyed_rates():

@@ -81,6 +81,9 @@ def test_text_errors(gen):
     (["hi", "--method", "draft"], "--method draft needs --draft-model"),
     ([], "give a prompt or --messages FILE"),
     (["hi", "--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
+    (["hi", "--no-plan", "--fixed-plan"], "--step-cost and --fixed-plan size the planner's steps"),
+    (["hi", "--step-cost", "/nonexistent/step_cost.json"], "--step-cost: step-cost file /nonexistent/step_cost.json "
+                                                           "does not exist"),
 ])
 def test_cli_rejects_bad_flags_before_loading(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -118,3 +121,28 @@ def test_cli_streams_the_answer_and_reports_tau(smol, ar_answer, tmp_path):
     report = err.getvalue()
     assert "[pld] " in report and "tokens/s" in report and "tau " in report and "finish: eos" in report
     assert "tokens gained per step -> steps: 1: " in report
+
+
+def test_cli_plans_with_a_pinned_step_cost(smol, ar_answer, tmp_path):
+    """--step-cost FILE --fixed-plan: the planner sizes steps from that curve alone, so two runs
+    plan the same steps (same tau, same tokens gained per step); a curve where a second token
+    costs 10x one sends no drafts at all. Greedy output stays the autoregressive answer."""
+    import re
+
+    from models.cost import StepCost, save_step_cost
+
+    save_step_cost(StepCost([1, 64], [10.0, 10.5], 0.0, 256), tmp_path / "cheap.json")
+    save_step_cost(StepCost([1, 2], [10.0, 100.0], 0.0, 256), tmp_path / "dear.json")
+
+    def run(curve):
+        out, err = io.StringIO(), io.StringIO()
+        assert main([QUESTION, "--method", "lookahead+pld", "--max-new-tokens", "48", "--fixed-plan",
+                     "--step-cost", str(tmp_path / curve)], out=out, err=err) == 0
+        assert out.getvalue() == ar_answer.text + "\n"
+        report = err.getvalue()
+        return float(re.search(r"tau ([0-9.]+)", report).group(1)), report.split("\n")[1]
+
+    cheap, again, dear = run("cheap.json"), run("cheap.json"), run("dear.json")
+    assert cheap == again
+    assert dear[0] == 1.0 and re.fullmatch(r"tokens gained per step -> steps: 1: \d+", dear[1])
+    assert cheap[0] > 1.0, cheap

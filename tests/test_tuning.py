@@ -241,6 +241,30 @@ def test_step_cost_cache(tiny, tmp_path):
     assert fake_cost.calls == 3
 
 
+def test_a_saved_step_cost_is_loaded_as_it_is(tiny, tmp_path):
+    """save_step_cost / load_step_cost: the same curve back (from a saved file or from the cache
+    file itself), never checked against the machine; a bad file is an error naming it."""
+    from models.cost import load_step_cost, save_step_cost
+
+    c = StepCost([1, 16], [10.0, 25.0], 2.0, 256, 1024, [1, 16], [14.0, 30.0])
+    save_step_cost(c, tmp_path / "out" / "step_cost.json")
+    back = load_step_cost(tmp_path / "out" / "step_cost.json")
+    assert back == c and back([8], [700]) == c([8], [700])
+    assert back.origin == f"file {tmp_path / 'out' / 'step_cost.json'}"
+    fake_cost.calls = 0
+    cached = step_cost(tiny, tmp_path / "cache", measure=fake_cost, probe=fake_probe)
+    (f,) = (tmp_path / "cache" / "cost").glob("*.json")
+    assert load_step_cost(f) == cached
+    with pytest.raises(ValueError, match="does not exist"):
+        load_step_cost(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    for text in ("not json", "[1, 2]", json.dumps({"cost": {"tokens": [1, 2]}}),
+                 json.dumps({"cost": dict(asdict(c), ms=[10.0, 5.0])})):  # missing fields; decreasing
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=f"step-cost file {bad} is not a step-cost curve"):
+            load_step_cost(bad)
+
+
 @pytest.mark.parametrize("now, why", [
     ({1: 10.0, 16: 36.0}, None),  # as cached (16 tokens: 36 ms, past the grid)
     ({1: 12.4, 16: 44.6}, None),  # 24% slower everywhere, same shape: within the tolerance
