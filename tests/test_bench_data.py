@@ -232,3 +232,17 @@ def test_specbench_empty_file_and_bad_utf8(tmp_path):
     p.write_bytes(json.dumps(Q).encode() + b'\n{"question_id": 2, "category": "\xff", "turns": ["a"]}\n')
     with pytest.raises(ValueError, match=r"line 2: not valid UTF-8"):
         load_questions(p)
+
+
+def test_reference_step_cost_curve_loads():
+    """bench/data/step_cost_reference.json (the pinned curve of --step-cost) is a usable curve:
+    the measured grid, non-decreasing, with its long-context part and where it came from."""
+    import json
+
+    from models.cost import GRID, LONG_GRID, load_step_cost
+
+    path = SUITE_PATH.parent / "step_cost_reference.json"
+    cost = load_step_cost(path)
+    assert cost.tokens == list(GRID) and cost.long_tokens == list(LONG_GRID) and cost.long_context > cost.context
+    assert cost([16]) > cost([1]) > 0 and cost([1], [2000]) > cost([1])
+    assert "2026-11-25" in json.loads(path.read_text())["origin"]
