@@ -119,10 +119,11 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
     if planner is not None:
         contexts = [st.committed for st in states]
         if proposer.sizes_itself:
-            budgets = [Budget(max_depth=d, step_ms=t) for d, t in zip(depth, planner.step_times(sids, contexts))]
+            budgets = [Budget(max_depth=d, step_ms=t, planned=True)
+                       for d, t in zip(depth, planner.step_times(sids, contexts))]
         else:
-            budgets = [Budget(max_depth=min(d, p)) for d, p in zip(depth, planner.max_depth(sids, proposer.sources,
-                                                                                            contexts))]
+            budgets = [Budget(max_depth=min(d, p), planned=True)
+                       for d, p in zip(depth, planner.max_depth(sids, proposer.sources, contexts))]
     trees = proposer.propose(states, budgets, ctx)
     keep = [list(range(len(t))) for t in trees] if planner is None else planner.select(sids, trees)
     sent = [t if len(k) == len(t) else t.subtree(k)[0] for t, k in zip(trees, keep)]

@@ -64,6 +64,9 @@ class Budget:
     # with a planner, for a proposer that sizes its own drafts (``Proposer.sizes_itself``):
     # predicted ms of the whole step (forward + host) if this sequence sends n step tokens
     step_ms: Optional[Callable[[int], float]] = None
+    # a step planner picks what to send from the proposed tree: a wide fringe of unlikely nodes
+    # is host work for nothing (it takes few of them), so a proposer may propose less
+    planned: bool = False
 
 
 @dataclass(frozen=True)

@@ -339,3 +339,24 @@ def test_recycled_predictions_stay_with_their_sequence():
     a, b = shared.init_state(SeqState(0, [1, 2], 2)), shared.init_state(SeqState(1, [3, 2], 2))
     a.table[2] = [5, 6]
     assert shared.propose([b], [Budget(max_depth=1)], ctx())[0].tokens[1:] == [5, 6]
+
+
+def test_hybrid_grows_a_narrower_recycled_tree_for_a_planner():
+    """Budget.planned: hybrid grows its recycled tree with planned_recycle_widths (a planner takes
+    few of a wide fringe), and with recycle.widths for full trees (--no-plan). Exact trees."""
+    from decoding.tree import RECYCLE
+
+    cfg = HybridConfig(recycle=RecycleConfig(seed_from_prompt=False, widths=(3, 2)), planned_recycle_widths=(2, 1))
+    p = make_proposer("hybrid", config=cfg)
+    s = p.init_state(SeqState(0, [1, 2], 2))
+    s.table.update({2: [5, 6, 7], 5: [8, 9], 6: [10, 11], 7: [12]})
+
+    def recycled(tree):  # (token, its parent's token) of every recycled node, in tree order
+        return [(tok, tree.tokens[tree.parents[n]]) for n, tok in enumerate(tree.tokens) if tree.sources[n] & RECYCLE]
+
+    full = p.propose([s], [Budget(max_depth=4)], ctx())[0]
+    assert recycled(full) == [(5, 2), (6, 2), (7, 2), (8, 5), (9, 5), (10, 6), (11, 6), (12, 7)]
+    planned = p.propose([s], [Budget(max_depth=4, planned=True)], ctx())[0]
+    assert recycled(planned) == [(5, 2), (6, 2), (8, 5), (10, 6)]
+    with pytest.raises(ValueError, match=r"planned_recycle_widths must be .* recycle.top_k=8\], got \(9,\)"):
+        HybridConfig(planned_recycle_widths=(9,))
