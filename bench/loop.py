@@ -82,8 +82,7 @@ class Bench:
         in it (ours decode the prompts as one batch, transformers one by one)."""
         from bench.hf_compare import hf_generate
         from decoding.generate import generate
-        from decoding.options import build_proposer
-        from decoding.planner import Planner, PlannerConfig
+        from decoding.options import build_proposer, planner_for
 
         if name in self.hf_methods:
             def one(p):
@@ -96,8 +95,7 @@ class Bench:
             return [(one(p), 0) for p in prompts]
 
         def call(clock):
-            plan = (Planner(self.cost, PlannerConfig(learn_overhead=not self.args.fixed_plan))
-                    if self.cost is not None and name != "ar" else None)
+            plan = planner_for(self.model, name, self.cost is None, None, self.cost, self.args.fixed_plan)
             res = generate(self.model, prompts, build_proposer(name, self.args, self.draft), max_new_tokens=max_new,
                            sampling=self.sp, planner=plan, on_tokens=clock)
             return ([{"output_ids": x.output_ids, "forwards": x.stats.forwards, "stats": x.stats.as_dict(),

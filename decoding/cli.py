@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 from decoding.methods import METHODS
-from decoding.options import DTYPES, add_decoding_flags, add_model_flags, build_proposer, check, sampling_of
+from decoding.options import (DTYPES, add_decoding_flags, add_model_flags, build_proposer, check, planner_for,
+                              sampling_of)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -76,15 +77,12 @@ def main(argv=None, out=sys.stdout, err=sys.stderr) -> int:
         out.write(piece)
         out.flush()
 
-    planner = None
-    if args.step_cost_curve is not None or args.fixed_plan:
-        from decoding.options import planner_for
-        from models.loader import DEFAULT_CACHE_DIR
-        planner = planner_for(gen.model, proposer.name, args.no_plan, gen.cache_dir or DEFAULT_CACHE_DIR,
-                              args.step_cost_curve, args.fixed_plan)
+    from models.loader import DEFAULT_CACHE_DIR
+    planner = planner_for(gen.model, proposer.name, args.no_plan, gen.cache_dir or DEFAULT_CACHE_DIR,
+                          args.step_cost_curve, args.fixed_plan)
     t0 = time.perf_counter()
     r = gen.generate(prompt, proposer, max_new_tokens=args.max_new_tokens, sampling=sampling_of(args),
-                     stop=args.stop, stream=stream, plan=not args.no_plan, planner=planner)[0]
+                     stop=args.stop, stream=stream, plan=planner is not None, planner=planner)[0]
     secs = time.perf_counter() - t0
     out.write("\n")
     st, n = r.stats, len(r.token_ids)

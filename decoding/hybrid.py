@@ -25,7 +25,7 @@ class HybridConfig:
     max_nodes: int = 128  # candidate nodes per step at most (before the planner)
     # children per node of the recycled tree when a step planner picks the nodes (recycle.widths
     # without one): the planner takes few of a wide fringe, and growing and ranking it cost host
-    # time (hybrid's host work per step 1.31 -> 1.16 ms, no less tau per predicted forward time
+    # time (hybrid's host work per step 1.30 -> 1.16 ms, no less tau per predicted forward time
     # on the dev and test splits, 2026-11-25); full trees (--no-plan) keep the wide one
     planned_recycle_widths: tuple[int, ...] = (4, 2, 1)
 
