@@ -1,6 +1,6 @@
 """bench/run.py's measuring loop: the models, the warm-up, every method on every batch of
-prompts (each conversation turn asked after the method's own previous answer) and one
-results.json record per prompt turn and method."""
+prompts in interleaved rounds (each conversation turn asked after the method's own previous
+answer) and one results.json record per prompt turn and method."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Optional
 
-from bench.measure import Measured, PeakMemory, measure
+from bench.measure import Measured, PeakMemory, measure, merge
 
 
 class Bench:
@@ -104,6 +104,20 @@ class Bench:
         m = measure(call, len(prompts), repeats, self.memory)
         return [(m, i) for i in range(len(prompts))]
 
+    def _rounds(self, prompts: dict[str, list[list[int]]], max_new: int, repeats: int
+                ) -> dict[str, list[tuple[Measured, int]]]:
+        """Every method on its prompts of one batch, ``repeats`` rounds: each round runs every
+        method once, back to back, starting one method later than the round before. A shared
+        machine's speed drifts within minutes; interleaved rounds let the drift fall on every
+        method alike instead of on whichever ran its repeats during a slow spell."""
+        names = list(prompts)
+        rounds: dict[str, list[list[tuple[Measured, int]]]] = {name: [] for name in names}
+        for r in range(repeats):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                rounds[name].append(self.timed(name, prompts[name], max_new, 1))
+        return {name: [(merge([got[i][0] for got in rs]), rs[0][i][1]) for i in range(len(rs[0]))]
+                for name, rs in rounds.items()}
+
     def _too_long(self, conv: dict) -> Optional[str]:
         n = max(len(self.encode(msgs)) for msgs in conv["msgs"].values())
         ctx = self.model.cfg.max_position_embeddings
@@ -144,13 +158,11 @@ class Bench:
                 for i in range(0, len(fit), args.batch_size):
                     batch = fit[i:i + args.batch_size]
                     answers = {}
-                    ar_out = None
-                    for name in self.methods:  # methods back to back on the same batch
-                        prompts = [self.encode(c["msgs"][name]) for c in batch]
-                        got = self.timed(name, prompts, args.max_new_tokens, args.repeats)
-                        if name == "ar":
-                            ar_out = [m.outputs[j]["output_ids"] for m, j in got]
-                        for c, p, (m, j), ref in zip(batch, prompts, got, ar_out):
+                    prompts = {name: [self.encode(c["msgs"][name]) for c in batch] for name in self.methods}
+                    got = self._rounds(prompts, args.max_new_tokens, args.repeats)
+                    ar_out = [m.outputs[j]["output_ids"] for m, j in got["ar"]]
+                    for name in self.methods:
+                        for c, p, (m, j), ref in zip(batch, prompts[name], got[name], ar_out):
                             results.append(self._record(c, name, p, m, j, ref))
                             answers[(id(c), name)] = results[-1]["text"]
                     for c in batch:  # the next turn sees the method's own answer

@@ -146,6 +146,22 @@ def measure(call: Callable[[TokenClock], tuple[list[dict], dict]], n: int, repea
     return Measured(outputs, secs, ttft, max(p for p, _ in peaks), max(d for _, d in peaks), extra)
 
 
+def merge(rounds: list[Measured]) -> Measured:
+    """One method's measurements from separate rounds (``measure`` with one repeat each, the
+    other methods run in between) as one ``Measured``: the first round's outputs, every
+    round's wall time, the median time to first token, the highest peak."""
+    if not rounds:
+        raise ValueError("rounds is empty: give at least one measurement")
+    first = rounds[0]
+    secs = [s for m in rounds for s in m.secs]
+    ttft = []
+    for i in range(len(first.ttft)):
+        seen = [m.ttft[i] for m in rounds]
+        ttft.append(statistics.median(seen) if all(t is not None for t in seen) else None)
+    return Measured(first.outputs, secs, ttft, max(m.peak_mib for m in rounds),
+                    max(m.peak_rise_mib for m in rounds), first.extra)
+
+
 def env_cpu_name() -> str:
     import platform
     return (f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, "

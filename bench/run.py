@@ -45,7 +45,8 @@ def parse_args(argv=None):
     p.add_argument("--limit", type=int, default=None,
                    help="prompts per task (default: all on a GPU, 1 on a CPU)")
     p.add_argument("--repeats", type=int, default=1,
-                   help="time each method on each batch this many times: median tokens/s and min-max (default 1)")
+                   help="time each method on each batch this many times, in interleaved rounds (every method once "
+                        "per round): median tokens/s and min-max (default 1)")
     p.add_argument("--out", type=Path, default=Path("bench/out"),
                    help="folder for results.json/.md, chart.png, accept_hist.png and answers_<method>.jsonl")
     p.add_argument("--compare-hf", action="store_true",
@@ -124,7 +125,8 @@ def header(args, device_name: str, memory_kind: str) -> dict:
         "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
         "sampling": "greedy" if args.temperature == 0 else
                     f"temperature {args.temperature}, top-k {args.top_k}, top-p {args.top_p}, seed {args.seed}",
-        "repeats": f"{args.repeats} (tokens/s: median over the repeats, min-max beside it)",
+        "repeats": f"{args.repeats} (interleaved rounds, every method once per round; tokens/s: median over the "
+                   f"repeats, min-max beside it)",
         "memory": memory_kind,
         "lookahead W,N,G": args.lookahead, "pld max_ngram,draft": args.pld,
         "step planner": "off" if args.no_plan else (

@@ -268,6 +268,46 @@ def test_next_turn_sees_each_methods_own_answer():
     assert all(r["identical_to_ar"] is None for r in recs)
 
 
+def test_repeats_run_in_interleaved_rounds():
+    """--repeats N: N rounds, each running every method once (one repeat per call), each round
+    starting one method later; a record holds every round's time and the first round's output."""
+    from bench.loop import Bench
+    from bench.measure import Measured
+
+    asked = []
+
+    def timed(name, prompts, max_new, repeats):
+        asked.append((name, repeats))
+        k = sum(1 for n, _ in asked[3:] if n == name)  # this method's round (after the 3 warm-up calls)
+        return [(Measured([{"output_ids": [1, 2, k], "forwards": 2, "stats": None, "step_tokens": None,
+                            "finish_reason": "length", "accept_lengths": []}],
+                          [float(10 * k)], [0.1 * k], 100.0 + k, float(k)), 0) for _ in prompts]
+
+    b = Bench.__new__(Bench)
+    b.args = SimpleNamespace(max_new_tokens=3, batch_size=1, repeats=3)
+    b.methods, b.hf_methods, b.skipped, b.sp = ["ar", "pld", "jacobi"], set(), [], SimpleNamespace(greedy=True)
+    b.model = SimpleNamespace(cfg=SimpleNamespace(max_position_embeddings=10_000))
+    b.encode = lambda msgs: [ord(c) for c in json.dumps(msgs)]
+    b.text = lambda ids: "".join(map(chr, ids))
+    b.timed = timed
+    recs = b.run([{"id": "q", "question_id": 1, "task": "code", "messages": [{"role": "user", "content": "x"}],
+                   "next_turns": []}])
+    assert asked[3:] == [("ar", 1), ("pld", 1), ("jacobi", 1), ("pld", 1), ("jacobi", 1), ("ar", 1),
+                         ("jacobi", 1), ("ar", 1), ("pld", 1)]
+    assert [r["method"] for r in recs] == ["ar", "pld", "jacobi"]
+    for r in recs:
+        assert r["repeats"] == 3 and r["time_s_runs"] == [10.0, 20.0, 30.0] and r["time_s"] == 20.0
+        assert r["output_ids"] == [1, 2, 1] and r["identical_to_ar"] is True
+        assert r["ttft_s"] == pytest.approx(0.2) and r["peak_mem_mib"] == 103.0 and r["peak_mem_rise_mib"] == 3.0
+
+
+def test_merge_rejects_no_rounds():
+    from bench.measure import merge
+
+    with pytest.raises(ValueError, match="rounds is empty"):
+        merge([])
+
+
 def test_sampled_runs_say_n_a_for_identical():
     from bench.report import markdown
 
