@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from decoding.proposer import Outcome
-from decoding.tree import DRAFT, HARVEST, WINDOW, StepTree
+from decoding.tree import DRAFT, HARVEST, RECYCLE, WINDOW, StepTree
 
 # (step tokens of each sequence[, their committed lengths]) -> predicted ms of the forward
 CostFn = Callable[..., float]
@@ -114,15 +114,34 @@ class Acceptance:
             self.version += 1
 
 
+# whether the model's own earlier prediction (a recycled top-k token, decoding/recycle.py) backs a
+# first draft token: its siblings hold none (no opinion), it is one of them (backed), or only others
+# are (not backed). On the suite's dev split a copied first token (prompt lookup, pool, suffix) that
+# the recycled table did not back was accepted 0-15% of the time against 26-48% for backed ones, and
+# the planner sent it on the estimate of both (0.2-0.4). Deeper tokens are keyed without it: there
+# the split cost more in estimates learned from fewer trials than it told.
+NO_OPINION, BACKED, NOT_BACKED = 2, 1, 0
+BACKED_DEPTH = 1  # deepest node whose key says whether it is backed
+
+
 def node_keys(tree: StepTree, node: int, streak: bool = False) -> list[tuple]:
     """The estimate keys of a candidate node: one per source bit it carries, with its depth,
-    its rank among its siblings and whether the sequence's last step accepted a draft
-    (acceptance comes in streaks: a copied passage goes on being copied)."""
+    its rank among its siblings, whether the sequence's last step accepted a draft
+    (acceptance comes in streaks: a copied passage goes on being copied) and, for a first
+    draft token, whether a recycled prediction backs it (``NO_OPINION``, ``BACKED``,
+    ``NOT_BACKED``: a copied token the model did not predict after the same token before is
+    seldom accepted)."""
     parent = tree.parents[node]
-    rank = min(list(tree.children[parent].values()).index(node), MAX_RANK_KEY)
+    kids = tree.children[parent]
+    rank = min(list(kids.values()).index(node), MAX_RANK_KEY)
     depth = min(tree.depths[node], MAX_DEPTH_KEY)
     bits = tree.sources[node] & ~WINDOW
-    return [(bit, depth, rank, streak) for bit in _bits(bits)]
+    sources, candidate = tree.sources, tree.candidate
+    if depth > BACKED_DEPTH or not any(candidate[c] and sources[c] & RECYCLE for c in kids.values()):
+        backed = NO_OPINION
+    else:
+        backed = BACKED if bits & RECYCLE else NOT_BACKED
+    return [(bit, depth, rank, streak, backed) for bit in _bits(bits)]
 
 
 def _bits(x: int) -> list[int]:
@@ -148,16 +167,23 @@ def node_estimates(tree: StepTree, acc: Acceptance) -> tuple[list[float], list[f
     rates, streak, chance = acc._rates, acc.streak, tree.chance
     seen: dict[tuple, tuple[float, float]] = {}
     parents, depths, sources, candidate = tree.parents, tree.depths, tree.sources, tree.candidate
+    opinion = [False] * n_nodes  # per parent: a recycled prediction is among its candidate children
+    for n in range(1, n_nodes):
+        if candidate[n] and sources[n] & RECYCLE:
+            opinion[parents[n]] = True
     for n in range(1, n_nodes):  # parents come before children, siblings in rank order
         if not candidate[n]:
             continue
         parent = parents[n]
-        key = (sources[n] & ~WINDOW, min(depths[n], MAX_DEPTH_KEY), min(rank[n], MAX_RANK_KEY))
+        bits = sources[n] & ~WINDOW
+        backed = ((BACKED if bits & RECYCLE else NOT_BACKED) if opinion[parent] and depths[n] <= BACKED_DEPTH
+                  else NO_OPINION)
+        key = (bits, min(depths[n], MAX_DEPTH_KEY), min(rank[n], MAX_RANK_KEY), backed)
         est = seen.get(key)
         if est is None:  # nodes of a tree share a few keys
             est_p = est_q = 0.0
             for bit in _bits(key[0]):
-                a, b = rates((bit, key[1], key[2], streak))
+                a, b = rates((bit, key[1], key[2], streak, backed))
                 est_p, est_q = max(est_p, a), max(est_q, b)
             est = seen[key] = (est_p, est_q)
         est_p, est_q = est
@@ -240,12 +266,16 @@ class Planner:
         hold for this step's ``select`` and ``observe_time`` too)."""
         self.contexts = contexts
         bits = _bits(sources & ~WINDOW) or [0]
+        # the best chain's nodes may be backed by a recycled prediction only if the proposer has them
+        opinions = (NO_OPINION, BACKED) if sources & RECYCLE else (NO_OPINION,)
         out = []
         for b, sid in enumerate(sids):
             acc, tokens = self.acceptance(sid), [1] * len(sids)
             # chance of depth d given d - 1 along the best chain (rank 0, the best source); depths
             # from MAX_DEPTH_KEY on share one
-            qs = [max(acc.optimistic((bit, d, 0, acc.streak)) for bit in bits) for d in range(1, MAX_DEPTH_KEY + 1)]
+            qs = [max(acc.optimistic((bit, d, 0, acc.streak, backed)) for bit in bits
+                      for backed in (opinions if d <= BACKED_DEPTH else (NO_OPINION,)))
+                  for d in range(1, MAX_DEPTH_KEY + 1)]
             best, best_d, p, gain = len(sids) / self._time(tokens) * (1 + self.cfg.min_gain), 0, 1.0, float(len(sids))
             for d in range(1, self.cfg.max_tokens):
                 q = qs[min(d, MAX_DEPTH_KEY) - 1]

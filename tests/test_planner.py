@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from decoding import Outcome, Planner, PlannerConfig, generate, make_proposer
-from decoding.planner import MAX_DEPTH_KEY, Acceptance, node_estimates, node_probs
+from decoding.planner import (BACKED, MAX_DEPTH_KEY, NO_OPINION, NOT_BACKED, Acceptance, node_estimates, node_keys,
+                              node_probs)
 from decoding.draft import DraftModel, DraftModelConfig, DraftPLD
-from decoding.tree import DRAFT, HARVEST, PLD, POOL, WINDOW, StepTree
+from decoding.tree import DRAFT, HARVEST, PLD, POOL, RECYCLE, SUFFIX, WINDOW, StepTree
 from helpers import ours_from_hf, tiny_hf_model
 
 FIXED = PlannerConfig(prior=0.4, learn_overhead=False, explore=0.0)
@@ -29,7 +30,7 @@ def test_rates_follow_every_record_of_any_sequence():
     shared estimate it is smoothed towards) must show at once."""
     plan = Planner(linear_cost(10.0, 1.0), PlannerConfig(prior=0.4, learn_overhead=False, explore=0.0, decay=1.0))
     a, b = plan.acceptance(0), plan.acceptance(1)
-    key = (PLD, 1, 0, False)
+    key = (PLD, 1, 0, False, NO_OPINION)
     assert a.rate(key) == b.rate(key) == pytest.approx(0.4)
     a.record(key, True)  # a: (1 + shared * 2) / 3, shared: (1 + .4 * 2) / 3 = .6
     assert plan.shared.rate(key) == pytest.approx(0.6)
@@ -45,7 +46,8 @@ def test_node_probs_multiply_along_paths_and_rank():
     t.add_chain([7], POOL)  # a second child of the root: rank 1
     t.add_private_chain(0, [9], WINDOW, group=0)
     acc = Acceptance(FIXED)
-    acc.hits[(POOL, 1, 1, False)], acc.trials[(POOL, 1, 1, False)] = 0.0, 2.0  # (0 + .4 * 2) / (2 + 2) = .2
+    key = (POOL, 1, 1, False, NO_OPINION)
+    acc.hits[key], acc.trials[key] = 0.0, 2.0  # (0 + .4 * 2) / (2 + 2) = .2
     assert node_probs(t, acc) == pytest.approx([1, 0.4, 0.16, 0.064, 0.2, 0.0])
 
 
@@ -94,9 +96,9 @@ def test_select_ranks_nodes_across_the_batch():
     # a: nothing accepted so far (rates near 0); b: everything accepted. Tokens cost 1 of 10.
     plan = Planner(linear_cost(10, 1), FIXED)
     for _ in range(20):
-        plan.acceptance(0).record((PLD, 1, 0, False), False)
+        plan.acceptance(0).record((PLD, 1, 0, False, NO_OPINION), False)
         for d in range(1, 5):
-            plan.acceptance(1).record((PLD, d, 0, False), True)
+            plan.acceptance(1).record((PLD, d, 0, False, NO_OPINION), True)
     assert plan.select([0, 1], [chain(4), chain(4)]) == [[0], [0, 1, 2, 3, 4]]
 
 
@@ -120,12 +122,43 @@ def test_max_depth_follows_the_cost_curve():
     assert Planner(linear_cost(10, 0), PlannerConfig(max_tokens=16, learn_overhead=False)).max_depth([0], PLD)[0] > 5
 
 
+def test_first_tokens_are_keyed_by_whether_a_recycled_prediction_backs_them():
+    """A first draft token whose siblings hold a recycled prediction is keyed BACKED (it is
+    one) or NOT_BACKED (it is not); without one among its siblings, and at any deeper level,
+    NO_OPINION. The estimates read the keys that observe records."""
+    t = StepTree.root(0)
+    copied = t.add_child(0, 1, PLD)  # rank 0, copied; the model predicted 2 and 3 instead
+    backed = t.add_child(0, 2, SUFFIX)
+    t.add_child(0, 2, RECYCLE)  # merged: suffix + recycle
+    alone = t.add_child(0, 3, RECYCLE)
+    deep = [t.add_child(n, 9, PLD) for n in (copied, backed)]
+    deep_recycled = t.add_child(backed, 8, RECYCLE)
+    assert node_keys(t, copied) == [(PLD, 1, 0, False, NOT_BACKED)]
+    assert node_keys(t, backed, True) == [(RECYCLE, 1, 1, True, BACKED), (SUFFIX, 1, 1, True, BACKED)]
+    assert node_keys(t, alone) == [(RECYCLE, 1, 2, False, BACKED)]
+    for n in deep + [deep_recycled]:
+        assert node_keys(t, n)[0][-1] == NO_OPINION
+    plain = chain(2)  # no recycled prediction anywhere: the keys of every proposer without one
+    assert node_keys(plain, 1) == [(PLD, 1, 0, False, NO_OPINION)]
+    # evidence recorded under node_keys' keys moves exactly that node's estimate
+    acc = Acceptance(PlannerConfig(prior=0.4, explore=0.0, decay=1.0))
+    before = node_probs(t, acc)
+    for _ in range(8):
+        for key in node_keys(t, copied):
+            acc.record(key, False)
+    after = node_probs(t, acc)
+    assert after[copied] == pytest.approx(0.4 * 2 / 10) and before[copied] == pytest.approx(0.4)
+    assert after[deep[0]] == pytest.approx(after[copied] * 0.4)
+    assert [after[n] for n in (backed, deep[1])] == [before[n] for n in (backed, deep[1])]
+    assert node_probs(plain, acc) == pytest.approx([1, 0.4, 0.16])  # NO_OPINION keys untouched
+
+
 def brute_max_depth(plan: Planner, sid: int, n_seqs: int, b: int, bits: list[int]) -> int:
     """max_depth's definition, every depth priced (no early stop)."""
     acc, tokens = plan.acceptance(sid), [1] * n_seqs
     best, best_d, p, gain = n_seqs / plan._time(tokens) * (1 + plan.cfg.min_gain), 0, 1.0, float(n_seqs)
     for d in range(1, plan.cfg.max_tokens):
-        p *= max(acc.optimistic((bit, min(d, MAX_DEPTH_KEY), 0, acc.streak)) for bit in bits)
+        p *= max(acc.optimistic((bit, min(d, MAX_DEPTH_KEY), 0, acc.streak, NO_OPINION)) for bit in bits)
         gain += p
         tokens[b] += 1
         if gain / plan._time(tokens) > best:
@@ -154,7 +187,8 @@ def test_max_depth_stops_early_only_where_nothing_deeper_can_win():
             for d in range(1, MAX_DEPTH_KEY + 1):
                 for src in (PLD, POOL):
                     hit = float(torch.rand(1, generator=g)) ** 0.2  # mostly high
-                    acc.hits[(src, d, 0, False)], acc.trials[(src, d, 0, False)] = 40 * hit, 40.0
+                    key = (src, d, 0, False, NO_OPINION)
+                    acc.hits[key], acc.trials[key] = 40 * hit, 40.0
         counting = Planner(lambda t: calls.__setitem__(0, calls[0] + 1) or cost(t), cfg)
         counting.seq_acc, counting.shared = plan.seq_acc, plan.shared
         got = counting.max_depth(list(range(n_seqs)), PLD | POOL)
@@ -170,7 +204,7 @@ def test_node_estimates_are_both_node_probs():
     t.add_chain([1, 9], POOL)  # merges with the chain's first node
     t.add_private_chain(0, [9], WINDOW, group=0)
     acc = Acceptance(PlannerConfig(prior=0.4, explore=1.0))
-    acc.hits[(POOL, 2, 1, False)], acc.trials[(POOL, 2, 1, False)] = 3.0, 4.0
+    acc.hits[(POOL, 2, 1, False, NO_OPINION)], acc.trials[(POOL, 2, 1, False, NO_OPINION)] = 3.0, 4.0
     rate, opt = node_estimates(t, acc)
     assert rate == node_probs(t, acc) and opt == node_probs(t, acc, optimistic=True)
     assert opt[1] > rate[1] and opt != rate  # (a later sibling can lose: the earlier one takes more)
@@ -201,7 +235,7 @@ def test_optimism_tries_what_the_prior_rules_out():
     optimist = Planner(cost, PlannerConfig(prior=0.4, learn_overhead=False, explore=1.0))
     assert optimist.select([0], [chain(3)]) == [[0, 1]]
     for _ in range(30):  # evidence that it is rarely accepted ends the optimism
-        optimist.acceptance(0).record((PLD, 1, 0, False), False)
+        optimist.acceptance(0).record((PLD, 1, 0, False, NO_OPINION), False)
     assert optimist.select([0], [chain(3)]) == [[0]]
 
 
@@ -215,13 +249,13 @@ def test_observe_counts_trials_whose_parent_was_accepted():
     t = chain(3)
     plan.observe(0, outcome(t, [0, 1], [0, 1, 2, 3]))  # node 1 accepted, node 2 rejected, node 3 untested
     acc = plan.acceptance(0)
-    assert acc.trials == {(PLD, 1, 0, False): 1.0, (PLD, 2, 0, False): 1.0}
-    assert acc.hits == {(PLD, 1, 0, False): 1.0, (PLD, 2, 0, False): 0.0}
+    assert acc.trials == {(PLD, 1, 0, False, NO_OPINION): 1.0, (PLD, 2, 0, False, NO_OPINION): 1.0}
+    assert acc.hits == {(PLD, 1, 0, False, NO_OPINION): 1.0, (PLD, 2, 0, False, NO_OPINION): 0.0}
     assert plan.shared.trials == acc.trials  # the batch's estimate learns too
-    assert acc.rate((PLD, 1, 0, False)) > 0.4 > acc.rate((PLD, 2, 0, False))
+    assert acc.rate((PLD, 1, 0, False, NO_OPINION)) > 0.4 > acc.rate((PLD, 2, 0, False, NO_OPINION))
     assert acc.streak  # a draft was accepted: the next step's trials count as "in a streak"
     plan.observe(0, outcome(t, [0], [0, 1]))  # only what was sent counts
-    assert acc.trials[(PLD, 1, 0, True)] == 1.0 and acc.trials[(PLD, 2, 0, False)] == 1.0
+    assert acc.trials[(PLD, 1, 0, True, NO_OPINION)] == 1.0 and acc.trials[(PLD, 2, 0, False, NO_OPINION)] == 1.0
     assert not acc.streak
 
 
@@ -333,7 +367,8 @@ def test_sibling_chances_sum_to_at_most_one():
         t.add_chain([tok], PLD)  # three children of the root: ranks 0, 1, 2
     acc = Acceptance(FIXED)
     for rank in range(3):
-        acc.hits[(PLD, 1, rank, False)], acc.trials[(PLD, 1, rank, False)] = 8.0, 8.0  # (8 + .8) / 10 = .88 each
+        key = (PLD, 1, rank, False, NO_OPINION)
+        acc.hits[key], acc.trials[key] = 8.0, 8.0  # (8 + .8) / 10 = .88 each
     assert node_probs(t, acc) == pytest.approx([1, 0.88, 0.12, 0.0])
 
 
@@ -369,7 +404,7 @@ def test_draft_pld_skips_the_draft_model_where_prompt_lookup_is_likely(tiny):
     assert n == 3 and p1 == pytest.approx(0.4) and gain == pytest.approx(0.4 + 0.16 + 0.064)
     for d in (1, 2, 3):
         for _ in range(40):
-            state.pld_acc.record((PLD, d, 0, False), True)
+            state.pld_acc.record((PLD, d, 0, False, NO_OPINION), True)
     gain, p1, n = prop._other(state)
     assert p1 > 0.95 and gain > 2.8
     prop.token_ms = 30.0  # a draft forward: 30 ms beside a 100 ms step
