@@ -116,10 +116,10 @@ class Acceptance:
 
 # whether the model's own earlier prediction (a recycled top-k token, decoding/recycle.py) backs a
 # first draft token: its siblings hold none (no opinion), it is one of them (backed), or only others
-# are (not backed). On the suite's dev split a copied first token (prompt lookup, pool, suffix) that
-# the recycled table did not back was accepted 0-15% of the time against 26-48% for backed ones, and
-# the planner sent it on the estimate of both (0.2-0.4). Deeper tokens are keyed without it: there
-# the split cost more in estimates learned from fewer trials than it told.
+# are (not backed). On suite prompts a copied first token (prompt lookup, pool, suffix) that the
+# recycled table did not back was accepted 0-15% of the time against 26-48% for backed ones, and the
+# planner sent it on the estimate of both (0.2-0.4). Deeper tokens are keyed without it: there the
+# split cost more in estimates learned from fewer trials than it told (dev split, README).
 NO_OPINION, BACKED, NOT_BACKED = 2, 1, 0
 BACKED_DEPTH = 1  # deepest node whose key says whether it is backed
 
