@@ -8,7 +8,9 @@ from typing import Optional
 
 def summarize(records: list[dict]) -> dict[tuple[str, str], dict]:
     """(method, task) -> totals and ratios; speedup is tokens/s over "ar" on the same task,
-    measured in the same run. Tasks also get an "all" row."""
+    measured in the same run: with repeats (interleaved rounds, bench/loop.py) the median over
+    the rounds of the ratio within each round, with its min-max (``speedup_min``,
+    ``speedup_max``; None after a single round). Tasks also get an "all" row."""
     groups = defaultdict(list)
     for r in records:
         groups[(r["method"], r["task"])].append(r)
@@ -31,6 +33,7 @@ def summarize(records: list[dict]) -> dict[tuple[str, str], dict]:
             "prompts": len(rs), "new_tokens": new, "time_s": secs, "forwards": fwd,
             # tokens/s: the median over repeats of (new tokens / time of all the group's prompts)
             "tok_s": statistics.median(runs), "tok_s_min": min(runs), "tok_s_max": max(runs), "repeats": len(runs),
+            "tok_s_runs": runs,
             # tau: new tokens per forward, pooled over the prompts (each record holds its own)
             "tau": new / max(fwd, 1),
             "mean_step_tokens": (sum(r["step_tokens"] for r in rs) / fwd)
@@ -44,6 +47,13 @@ def summarize(records: list[dict]) -> dict[tuple[str, str], dict]:
     for (method, task), s in out.items():
         base = out.get(("ar", task))
         s["speedup"] = s["tok_s"] / base["tok_s"] if base and base["tok_s"] > 0 else float("nan")
+        s["speedup_min"] = s["speedup_max"] = None
+        if base and len(s["tok_s_runs"]) == len(base["tok_s_runs"]) > 1:
+            # round r of every method ran back to back (interleaved rounds): pair them, so that a
+            # slow spell of the machine in one round does not count against one method alone
+            ratios = [a / b if b > 0 else float("nan") for a, b in zip(s["tok_s_runs"], base["tok_s_runs"])]
+            s["speedup"] = statistics.median(ratios)
+            s["speedup_min"], s["speedup_max"] = min(ratios), max(ratios)
         s["decode_speedup"] = (s["decode_tok_s"] / base["decode_tok_s"]
                                if base and base["decode_tok_s"] > 0 else float("nan"))
     return out
@@ -72,26 +82,28 @@ def markdown(records: list[dict], header: dict, methods: list[str], tasks: list[
         if not isinstance(v, (dict, list)) or k == "skipped":  # machine-readable entries stay in the JSON
             lines.append(f"- **{k}**: {v}")
     lines += ["", "tokens/s: median over the repeats (each repeat: new tokens / wall time of the group's prompts); "
-              "min-max: the range over the repeats. Speedup: median tokens/s over our autoregressive decoding with "
-              "the same kernels, same run. tau: new tokens per forward after prefill. TTFT: median time to first "
+              "min-max: the range over the repeats. Speedup: tokens/s over our autoregressive decoding with "
+              "the same kernels, same run (with repeats: the median over the rounds of that ratio within each "
+              "round, min-max beside it; every round runs every method once, back to back). tau: new tokens per forward after prefill. TTFT: median time to first "
               "token (prefill of the batch + first token). peak memory: see the header's memory line. identical: "
               "share of greedy outputs equal to autoregressive (n/a when sampling).", ""]
     cols = tasks + (["all"] if len(tasks) > 1 else [])
-    lines += ["| method | task | prompts | new tokens | forwards | tokens/s | min-max | speedup | tau "
+    lines += ["| method | task | prompts | new tokens | forwards | tokens/s | min-max | speedup | min-max | tau "
               "| query tokens/forward | TTFT ms | peak MiB (+run) | identical |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for t in cols:
         for m in methods:
             x = s.get((m, t))
             if x is None:
                 continue
             rng = f"{_fmt(x['tok_s_min'], '.1f')}-{_fmt(x['tok_s_max'], '.1f')}" if x["repeats"] > 1 else "-"
+            srng = f"{_fmt(x['speedup_min'])}-{_fmt(x['speedup_max'])}" if x["speedup_min"] is not None else "-"
             mem = "-" if x["peak_mem_mib"] is None else \
                 f"{x['peak_mem_mib']:.0f} (+{x['peak_mem_rise_mib']:.0f})"
             ttft = None if x["ttft_s"] is None else x["ttft_s"] * 1e3
             ident = "n/a" if x["identical"] is None else _fmt(x["identical"], ".0%")
             lines.append(f"| {m} | {t} | {x['prompts']} | {x['new_tokens']} | {x['forwards']} | {_fmt(x['tok_s'], '.1f')} "
-                         f"| {rng} | {_fmt(x['speedup'])} | {_fmt(x['tau'])} | {_fmt(x['mean_step_tokens'], '.1f')} "
+                         f"| {rng} | {_fmt(x['speedup'])} | {srng} | {_fmt(x['tau'])} | {_fmt(x['mean_step_tokens'], '.1f')} "
                          f"| {_fmt(ttft, '.0f')} | {mem} | {ident} |")
     lines.append("")
     tables = [("speedup", "speedup over ar")]
@@ -175,8 +187,14 @@ def chart(records: list[dict], methods: list[str], tasks: list[str], path: Path,
     for ax, metric, label in ((axes[0], "speedup", "speedup over autoregressive (tokens/s)"),
                               (axes[1], "tau", "tau: tokens per forward")):
         for i, m in enumerate(shown):
-            vals = [s.get((m, t), {}).get(metric, float("nan")) for t in cols]
-            ax.bar([j + i * width for j in range(len(cols))], vals, width, label=m)
+            got = [s.get((m, t), {}) for t in cols]
+            vals = [x.get(metric, float("nan")) for x in got]
+            err = None
+            if metric == "speedup" and any(x.get("speedup_min") is not None for x in got):
+                # min-max over the interleaved rounds
+                err = [[v - x["speedup_min"] if x.get("speedup_min") is not None else 0.0 for v, x in zip(vals, got)],
+                       [x["speedup_max"] - v if x.get("speedup_max") is not None else 0.0 for v, x in zip(vals, got)]]
+            ax.bar([j + i * width for j in range(len(cols))], vals, width, label=m, yerr=err, capsize=2 if err else 0)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks([j + width * (len(shown) - 1) / 2 for j in range(len(cols))])
         ax.set_xticklabels(cols, rotation=20)

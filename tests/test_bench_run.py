@@ -103,6 +103,28 @@ def test_report_decode_speedup_leaves_out_the_prefill():
     no_ttft = [dict(r, ttft_s=None) for r in records]
     assert summarize(no_ttft)[("pld", "a")]["decode_speedup"] != summarize(no_ttft)[("pld", "a")]["decode_speedup"]  # nan
 
+def test_report_speedup_pairs_the_rounds(tmp_path):
+    """With repeats, speedup is the median over rounds of the ratio within a round (the rounds
+    are interleaved), not the ratio of the medians, with its min-max in the table and the chart."""
+    from bench.report import chart, markdown, summarize
+
+    def rec(method, runs):
+        return {"method": method, "task": "a", "new_tokens": 12, "forwards": 12, "time_s": statistics.median(runs),
+                "time_s_runs": runs, "identical_to_ar": True, "step_tokens": None}
+
+    # per round 1 / 0.9, 2 / 1, 4 / 3: median 4 / 3 (the ratio of medians would be 2)
+    records = [rec("ar", [1.0, 2.0, 4.0]), rec("pld", [0.9, 1.0, 3.0])]
+    x = summarize(records)[("pld", "a")]
+    assert x["speedup"] == pytest.approx(4 / 3)
+    assert (x["speedup_min"], x["speedup_max"]) == (pytest.approx(1 / 0.9), pytest.approx(2.0))
+    assert x["tok_s"] == pytest.approx(12.0)  # tokens/s stays the median of its own runs
+    assert "| 12.0 | 4.0-13.3 | 1.33 | 1.11-2.00 |" in markdown(records, {}, ["ar", "pld"], ["a"])
+    one = [dict(r, time_s_runs=r["time_s_runs"][:1], time_s=r["time_s_runs"][0]) for r in records]
+    y = summarize(one)[("pld", "a")]
+    assert y["speedup"] == pytest.approx(1 / 0.9) and y["speedup_min"] is None
+    assert chart(records, ["ar", "pld"], ["a"], tmp_path / "c.png").is_file()
+
+
 # ----------------------------------------------------------------------------- Spec-Bench files, repeats, answers
 
 QUESTIONS = [
