@@ -112,6 +112,9 @@ class Lookahead(Proposer[LookaheadState]):
         return LookaheadState(**base.seq_fields(), levels=levels, real=[[False] * cfg.window for _ in levels],
                               pool=pool, rng=rng)
 
+    def grow_first(self, state: LookaheadState, tree: StepTree, max_depth: int, max_nodes: int) -> None:
+        """Candidates grown before every other (they come first among their siblings); none here."""
+
     def extra_chains(self, states: list[LookaheadState], depth: list[int], ctx: Context) -> list[list[list[int]]]:
         """Candidate chains merged before the pool's n-grams (none here; PLD in LookaheadPLD)."""
         return [[] for _ in states]
@@ -126,6 +129,7 @@ class Lookahead(Proposer[LookaheadState]):
             tree = StepTree.root(s.root)
             cap = min(cfg.max_verify, b.max_nodes)
             if d > 0:  # verification branch: one trie for extra chains (first) and pool n-grams
+                self.grow_first(s, tree, d, cap)
                 for chain in chains:
                     tree.add_chain(chain[:d], PLD, cap)
                 for ngram, origin in s.pool.items(s.root)[:cfg.guesses]:

@@ -360,3 +360,24 @@ def test_hybrid_grows_a_narrower_recycled_tree_for_a_planner():
     assert recycled(planned) == [(5, 2), (6, 2), (8, 5), (10, 6)]
     with pytest.raises(ValueError, match=r"planned_recycle_widths must be .* recycle.top_k=8\], got \(9,\)"):
         HybridConfig(planned_recycle_widths=(9,))
+
+
+def test_hybrid_grows_its_own_suffix_continuations_first():
+    """Hybrid's trie, exact: the suffix trie's continuations come first among their siblings
+    (rank 0 = its most frequent one), then prompt lookup's and the pool's copies (merged where
+    they meet), recycled predictions last."""
+    from decoding.tree import PLD, POOL, RECYCLE, SUFFIX
+
+    cfg = HybridConfig(lookahead=LookaheadConfig(window=2, ngram=3, guesses=2, pool_from_prompt=False,
+                                                 pld=PromptLookupConfig(max_ngram=1, num_draft=2)),
+                       recycle=RecycleConfig(seed_from_prompt=False))
+    p = make_proposer("hybrid", config=cfg)
+    # after 7: 9 4 once (prompt lookup copies this, the first match), 8 twice (the suffix trie's top)
+    s = p.init_state(SeqState(0, [7, 9, 4, 7, 8, 5, 7, 8, 6, 7], 10))
+    s.pool.add((7, 3, 3), POOL)
+    s.table[7] = [3, 8]
+    tree = p.propose([s], [Budget(max_depth=2)], ctx())[0]
+    cand = [n for n in range(1, len(tree.tokens)) if tree.candidate[n]]
+    got = [(tree.tokens[n], tree.tokens[tree.parents[n]], tree.sources[n]) for n in cand]
+    assert got == [(8, 7, SUFFIX | RECYCLE), (9, 7, SUFFIX | PLD), (5, 8, SUFFIX), (6, 8, SUFFIX),
+                   (4, 9, SUFFIX | PLD), (3, 7, POOL | RECYCLE), (3, 3, POOL)]
