@@ -137,11 +137,17 @@ def node_keys(tree: StepTree, node: int, streak: bool = False) -> list[tuple]:
     depth = min(tree.depths[node], MAX_DEPTH_KEY)
     bits = tree.sources[node] & ~WINDOW
     sources, candidate = tree.sources, tree.candidate
-    if depth > BACKED_DEPTH or not any(candidate[c] and sources[c] & RECYCLE for c in kids.values()):
-        backed = NO_OPINION
-    else:
-        backed = BACKED if bits & RECYCLE else NOT_BACKED
+    opinion = depth <= BACKED_DEPTH and any(candidate[c] and sources[c] & RECYCLE for c in kids.values())
+    backed = _backing(bits, depth, opinion)
     return [(bit, depth, rank, streak, backed) for bit in _bits(bits)]
+
+
+def _backing(bits: int, depth: int, opinion: bool) -> int:
+    """The backing part of a node's keys: ``opinion`` = a recycled prediction is among the
+    candidate children of its parent."""
+    if not opinion or depth > BACKED_DEPTH:
+        return NO_OPINION
+    return BACKED if bits & RECYCLE else NOT_BACKED
 
 
 def _bits(x: int) -> list[int]:
@@ -176,8 +182,7 @@ def node_estimates(tree: StepTree, acc: Acceptance) -> tuple[list[float], list[f
             continue
         parent = parents[n]
         bits = sources[n] & ~WINDOW
-        backed = ((BACKED if bits & RECYCLE else NOT_BACKED) if opinion[parent] and depths[n] <= BACKED_DEPTH
-                  else NO_OPINION)
+        backed = _backing(bits, depths[n], opinion[parent])
         key = (bits, min(depths[n], MAX_DEPTH_KEY), min(rank[n], MAX_RANK_KEY), backed)
         est = seen.get(key)
         if est is None:  # nodes of a tree share a few keys
