@@ -369,6 +369,22 @@ def argmax_rows(x: torch.Tensor) -> list[int]:
     return res
 
 
+def argmax_topk_rows(x: torch.Tensor, k: int) -> tuple[list[int], list[list[int]]]:
+    """``(argmax_rows(x), topk_rows(x, k))`` from one pass over the rows (a proposer that learns
+    from every row's top-k also verifies with its argmax): the top-k's first index is the
+    argmax, equal values being in index order; a row holding a NaN gets torch's answers."""
+    if x.dim() != 2 or not 1 <= k <= x.shape[-1]:
+        raise ValueError(f"x must be (rows, n) and 1 <= k <= n, got x {tuple(x.shape)} and k={k}")
+    lib = _rows_kernel(x)
+    if lib is None or k > MAX_TOPK:
+        return x.argmax(-1).tolist(), x.topk(k, dim=-1).indices.tolist()
+    res, bad = _topk_kernel(lib, x, k)
+    top1 = [row[0] for row in res]
+    for r in bad:
+        res[r], top1[r] = x[r].topk(k).indices.tolist(), int(x[r].argmax())
+    return top1, res
+
+
 def topk_rows(x: torch.Tensor, k: int) -> list[list[int]]:
     """Per row of x (rows, n): the indices of its k largest values (1 <= k <= n), largest first,
     equal values in index order: ``x.topk(k, -1).indices.tolist()`` (the reference; torch
@@ -379,10 +395,15 @@ def topk_rows(x: torch.Tensor, k: int) -> list[list[int]]:
     lib = _rows_kernel(x)
     if lib is None or k > MAX_TOPK:
         return x.topk(k, dim=-1).indices.tolist()
+    res, bad = _topk_kernel(lib, x, k)
+    for r in bad:
+        res[r] = x[r].topk(k).indices.tolist()
+    return res
+
+
+def _topk_kernel(lib: ctypes.CDLL, x: torch.Tensor, k: int) -> tuple[list[list[int]], list[int]]:
+    """The kernel's top-k of every row, and the rows it left to torch (holding a NaN)."""
     idx = torch.empty(x.shape[0], k, dtype=torch.int64)
     bad = torch.empty(x.shape[0], dtype=torch.int64)
     n_bad = lib.skinny_topk(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), k, idx.data_ptr(), bad.data_ptr())
-    res = idx.tolist()
-    for r in bad[:n_bad].tolist():
-        res[r] = x[r].topk(k).indices.tolist()
-    return res
+    return idx.tolist(), bad[:n_bad].tolist()

@@ -373,6 +373,7 @@ def test_argmax_and_topk_match_torch(n):
     assert skinny.argmax_rows(x) == x.argmax(-1).tolist()
     for k in sorted({1, min(2, n), min(8, n), min(n, skinny.MAX_TOPK)}):
         assert skinny.topk_rows(x, k) == x.topk(k, dim=-1).indices.tolist(), k
+        assert skinny.argmax_topk_rows(x, k) == (x.argmax(-1).tolist(), x.topk(k, dim=-1).indices.tolist()), k
 
 
 @pytest.mark.parametrize("n", [9, 64, 257])
@@ -390,6 +391,22 @@ def test_ties_go_to_the_first_index(n):
     assert skinny.argmax_rows(x) == x.argmax(-1).tolist()
     for k in (1, 3, 8):
         assert skinny.topk_rows(x, k) == [_stable_topk(r, k) for r in x], k
+        assert skinny.argmax_topk_rows(x, k) == (x.argmax(-1).tolist(), [_stable_topk(r, k) for r in x]), k
+
+
+def test_topk_where_the_kept_values_keep_changing():
+    """The kernel skips a 32-value block whose largest does not beat the k-th kept value: rows
+    where every block beats it (ascending), none does (descending), ties with it at block
+    edges, and a row whose top values all sit in its last block."""
+    n = 1000
+    rows = [torch.arange(n).float(), torch.arange(n, 0, -1).float(), (torch.arange(n) // 32).float(),
+            (torch.arange(n) % 32).float(), torch.zeros(n), torch.randn(n, generator=torch.Generator().manual_seed(5))]
+    rows[-1][-31:] += 100.0
+    x = torch.stack(rows)
+    for k in (1, 4, 8, 33, skinny.MAX_TOPK):
+        want = [_stable_topk(r, k) for r in x]
+        assert skinny.topk_rows(x, k) == want, k
+        assert skinny.argmax_topk_rows(x, k) == (x.argmax(-1).tolist(), want), k
 
 
 def test_argmax_topk_rows_holding_nan_are_torchs():
@@ -402,6 +419,7 @@ def test_argmax_topk_rows_holding_nan_are_torchs():
     x[3, 0] = float("nan")  # among the first k
     assert skinny.argmax_rows(x) == x.argmax(-1).tolist()
     assert skinny.topk_rows(x, 5) == x.topk(5, dim=-1).indices.tolist()
+    assert skinny.argmax_topk_rows(x, 5) == (x.argmax(-1).tolist(), x.topk(5, dim=-1).indices.tolist())
 
 
 def test_argmax_topk_strided_rows_and_other_inputs():
@@ -418,6 +436,10 @@ def test_argmax_topk_strided_rows_and_other_inputs():
     assert skinny.argmax_rows(half) == half.argmax(-1).tolist()
     assert skinny.topk_rows(wide, skinny.MAX_TOPK + 1) == wide.topk(skinny.MAX_TOPK + 1, dim=-1).indices.tolist()
     assert skinny.argmax_rows(torch.randn(0, 9)) == [] and skinny.topk_rows(torch.randn(0, 9), 2) == []
+    assert skinny.argmax_topk_rows(half, 3) == (half.argmax(-1).tolist(), half.topk(3, dim=-1).indices.tolist())
+    assert skinny.argmax_topk_rows(torch.randn(0, 9), 2) == ([], [])
+    with pytest.raises(ValueError, match="k <= n"):
+        skinny.argmax_topk_rows(wide, 201)
     with pytest.raises(ValueError, match="1 <= k <= n"):
         skinny.topk_rows(wide, 201)
     with pytest.raises(ValueError, match="1 <= k <= n"):

@@ -77,17 +77,24 @@ static int topk_row(const float *x, int64_t n, int k, int64_t *idx) {
         if (isnan(x[i])) return -1;
         PUSH(i);
     }
-    const int64_t n8 = i + ((n - i) & ~(int64_t)7);
+    /* 32 values per test against the k-th kept one (their maximum: past the first few hundred
+     * values almost no block holds one that enters); a block that does is looked at by 8s */
+    const int64_t n32 = i + ((n - i) & ~(int64_t)31);
     __m256 nan = _mm256_setzero_ps();
-    for (; i < n8; i += 8) {
-        const __m256 v = _mm256_loadu_ps(x + i);
-        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-        /* only values above the k-th kept one enter (an equal one comes later: it stays out) */
-        int m = _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(val[k - 1]), _CMP_GT_OQ));
-        while (m) {
-            const int l = __builtin_ctz(m);
-            m &= m - 1;
-            if (x[i + l] > val[k - 1]) PUSH(i + l); /* the threshold may have risen within the 8 */
+    for (; i < n32; i += 32) {
+        const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8), c = _mm256_loadu_ps(x + i + 16),
+                     d = _mm256_loadu_ps(x + i + 24);
+        nan = _mm256_or_ps(nan, _mm256_or_ps(_mm256_cmp_ps(a, b, _CMP_UNORD_Q), _mm256_cmp_ps(c, d, _CMP_UNORD_Q)));
+        const __m256 top = _mm256_max_ps(_mm256_max_ps(a, b), _mm256_max_ps(c, d));
+        if (!_mm256_movemask_ps(_mm256_cmp_ps(top, _mm256_set1_ps(val[k - 1]), _CMP_GT_OQ))) continue;
+        for (int j = 0; j < 32; j += 8) {
+            /* only values above the k-th kept one enter (an equal one comes later: it stays out) */
+            int m = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i + j), _mm256_set1_ps(val[k - 1]), _CMP_GT_OQ));
+            while (m) {
+                const int l = __builtin_ctz(m);
+                m &= m - 1;
+                if (x[i + j + l] > val[k - 1]) PUSH(i + j + l); /* the threshold may have risen within the 8 */
+            }
         }
     }
     if (!_mm256_testz_ps(nan, nan)) return -1;
