@@ -231,9 +231,9 @@ class DraftModel(Proposer[DraftState]):
         token, their step tokens: none for a draft model alone."""
         return 0.0, 0.0, 0
 
-    def verify(self, state, tree, logits, rows, sampling):
+    def verify(self, state, tree, logits, rows, sampling, *, top1=None):
         if sampling.greedy or len(tree) == 1:
-            return super().verify(state, tree, logits, rows, sampling)
+            return super().verify(state, tree, logits, rows, sampling, top1=top1)
         p = probs_from_logits(logits[[rows[n] for n in range(len(tree))]], sampling)  # (k + 1, V) chain order
         n_ok, token = verify_draft_model(tree.tokens[1:], p, state.q[:len(tree) - 1], state.generator)
         return list(range(n_ok + 1)), token
@@ -303,9 +303,9 @@ class DraftPLD(DraftModel):
         probs = node_probs(tree, state.pld_acc)
         return sum(probs[1:]), sum(probs[n] for n in tree.candidate_children(0)), len(tree) - 1
 
-    def verify(self, state, tree, logits, rows, sampling):
+    def verify(self, state, tree, logits, rows, sampling, *, top1=None):
         if sampling.greedy or len(tree) == 1:
-            return Proposer.verify(self, state, tree, logits, rows, sampling)
+            return Proposer.verify(self, state, tree, logits, rows, sampling, top1=top1)
         nodes = [n for n in rows if tree.candidate[n]]
         probs = probs_from_logits(logits[[rows[n] for n in nodes]], sampling)
         return verify_mixed(tree, dict(zip(nodes, probs)), state.q, state.generator)

@@ -18,6 +18,7 @@ from decoding.proposer import Budget, Context, Outcome, Proposer, Sequence, SeqS
 from decoding.sampling import SamplingParams, probs_from_logits, sample
 from decoding.stats import SeqStats
 from decoding.tree import StepTree
+from kernels.skinny import argmax_rows, argmax_topk_rows
 from models.llama import Transformer
 from models.runner import ModelRunner, StepInput
 
@@ -129,17 +130,27 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
     sent = [t if len(k) == len(t) else t.subtree(k)[0] for t, k in zip(trees, keep)]
     rows = [{node: j for j, node in enumerate(t.logit_nodes())} for t in sent]
     logits = runner.step([_step_input(sid, t, list(r)) for sid, t, r in zip(sids, sent, rows)])
-    verdicts = [proposer.verify(st, t, lg, r, ctx.sampling) for st, t, lg, r in zip(states, sent, logits, rows)]
+    tops = [_reduce_rows(lg, proposer.top_k) if ctx.sampling.greedy else (None, None) for lg in logits]
+    verdicts = [proposer.verify(st, t, lg, r, ctx.sampling, top1=top1)
+                for st, t, lg, r, (top1, _) in zip(states, sent, logits, rows, tops)]
     runner.commit({sid: path for sid, (path, _) in zip(sids, verdicts)})
     outcomes = []
-    for s, tree, t, k, lg, r, (path, bonus) in zip(active, trees, sent, keep, logits, rows, verdicts):
+    for s, tree, t, k, lg, r, (path, bonus), (top1, topk) in zip(active, trees, sent, keep, logits, rows, verdicts,
+                                                                 tops):
         new = s.append([t.tokens[n] for n in path[1:]] + [bonus], eos)
         outcomes.append(Outcome(tree=tree, path=[k[n] for n in path], new_tokens=new, logits=lg,
-                                rows={k[n]: j for n, j in r.items()}, sent=len(t)))
+                                rows={k[n]: j for n, j in r.items()}, sent=len(t)).reduced(top1, topk))
         proposer.update(s.state, outcomes[-1])
         if planner is not None:
             planner.observe(s.state.sid, outcomes[-1])
     return outcomes
+
+
+def _reduce_rows(logits: torch.Tensor, k: int) -> tuple[list[int], Optional[list[list[int]]]]:
+    """Every row's argmax and, for ``k`` > 1, its top-k: one pass over the rows."""
+    if k > 1:
+        return argmax_topk_rows(logits, min(k, logits.shape[-1]))
+    return argmax_rows(logits), None
 
 
 def _notify(on_tokens, seqs: list[Sequence], new: list[list[int]]) -> None:

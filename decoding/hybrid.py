@@ -58,6 +58,7 @@ class Hybrid(LookaheadPLD):
         self.hcfg = cfg or HybridConfig()
         super().__init__(self.hcfg.lookahead)
         self.shared_table: Table = {}
+        self.top_k = self.hcfg.recycle.top_k
         sc = self.hcfg.suffix
         self.store = SuffixStore(sc.depth, sc.store_nodes) if sc.shared else None
 

@@ -11,7 +11,9 @@ A method is a ``Proposer`` with a typed per-sequence state (a dataclass subclass
 lives in ``state.tokens``) and the read-only ``Context``. ``update`` receives one
 ``Outcome`` naming nodes of the tree the proposer itself returned. ``verify`` is the one
 verification entry (greedy and sampling); a method whose drafts are not one-hot (the draft
-model) overrides it with its own rule.
+model) overrides it with its own rule. With greedy decoding the loop reduces every logits row
+once, before ``verify``: its argmax (passed as ``top1``) and, for a proposer whose ``top_k``
+is above 1, its ``top_k`` best tokens in the same pass (``Outcome.top_rows``).
 """
 
 from dataclasses import dataclass, field, fields
@@ -23,7 +25,7 @@ from decoding.sampling import SamplingParams
 from decoding.stats import SeqStats
 from decoding.tree import StepTree
 from decoding.verify import verify
-from kernels.skinny import argmax_rows
+from kernels.skinny import argmax_rows, argmax_topk_rows
 
 
 @dataclass(eq=False)
@@ -91,7 +93,10 @@ class Outcome:
     logits: torch.Tensor  # (R, V) fp32 rows the forward computed for this sequence
     rows: dict[int, int]  # node -> its row in ``logits`` (nodes that were sent and needed logits)
     sent: int  # query tokens the step sent for this sequence
-    _top1: Optional[list[int]] = field(default=None, init=False, repr=False, compare=False)  # per row
+    # per row: the argmax, and the top-k with its k (reduced once, cached for later calls)
+    _top1: Optional[list[int]] = field(default=None, init=False, repr=False, compare=False)
+    _topk: Optional[list[list[int]]] = field(default=None, init=False, repr=False, compare=False)
+    _k: int = field(default=0, init=False, repr=False, compare=False)
 
     @property
     def accepted(self) -> int:
@@ -112,6 +117,20 @@ class Outcome:
             self._top1 = argmax_rows(self.logits)
         return [self._top1[self.rows[n]] for n in nodes]
 
+    def top_rows(self, k: int) -> list[list[int]]:
+        """Per row of ``logits``: the model's k best next tokens, best first (equal logits in
+        token order); reduced once (with the argmax) and kept."""
+        k = min(k, self.logits.shape[-1])
+        if self._topk is None or self._k < k:
+            self._top1, self._topk = argmax_topk_rows(self.logits, k)
+            self._k = k
+        return self._topk if self._k == k else [row[:k] for row in self._topk]
+
+    def reduced(self, top1: Optional[list[int]], topk: Optional[list[list[int]]]) -> "Outcome":
+        """Prime the caches with what the step already computed (``argmax_topk_rows``)."""
+        self._top1, self._topk, self._k = top1, topk, len(topk[0]) if topk else 0
+        return self
+
 
 S = TypeVar("S", bound=SeqState)
 
@@ -127,6 +146,9 @@ class Proposer(Generic[S]):
     # acceptance estimates in ``StepTree.chance``; False: the planner sizes its trees
     sizes_itself: ClassVar[bool] = False
     model_ms: float = 0.0  # ms the last ``propose`` spent running a model (not host overhead)
+    # per logits row, the model's best next tokens ``update`` reads (``Outcome.top_rows``): a greedy
+    # step reduces the rows to them and their argmax in one pass; <= 1: the argmax alone
+    top_k: int = 0
 
     def init_state(self, base: SeqState) -> S:
         """A fresh state for a sequence right after prefill (``base.tokens`` = prompt + first token)."""
@@ -139,9 +161,10 @@ class Proposer(Generic[S]):
         return [StepTree.root(s.root) for s in states]
 
     def verify(self, state: S, tree: StepTree, logits: torch.Tensor, rows: dict[int, int],
-               sampling: SamplingParams) -> tuple[list[int], int]:
-        """(accepted path, bonus token); exact for one-hot drafts, greedy or sampled."""
-        return verify(tree, logits, rows, sampling, state.generator)
+               sampling: SamplingParams, *, top1: Optional[list[int]] = None) -> tuple[list[int], int]:
+        """(accepted path, bonus token); exact for one-hot drafts, greedy or sampled. ``top1``:
+        every row's argmax, when the loop reduced the rows already (greedy)."""
+        return verify(tree, logits, rows, sampling, state.generator, top1)
 
     def update(self, state: S, outcome: Outcome) -> None:
         """Learn from a step (after its tokens were appended to ``state.tokens``)."""

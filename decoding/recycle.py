@@ -13,7 +13,6 @@ from typing import Optional
 
 from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
 from decoding.tree import RECYCLE, StepTree
-from kernels.skinny import topk_rows
 
 Table = dict[int, list[int]]  # token -> the model's top-k next tokens after it, best first
 
@@ -84,6 +83,7 @@ class Recycle(Proposer[RecycleState]):
     def __init__(self, cfg: Optional[RecycleConfig] = None):
         self.cfg = cfg or RecycleConfig()
         self.shared_table: Table = {}
+        self.top_k = self.cfg.top_k
 
     def init_state(self, base: SeqState) -> RecycleState:
         table = self.shared_table if self.cfg.shared else {}
@@ -109,6 +109,5 @@ def learn_from(table: Table, outcome: Outcome, top_k: int) -> None:
     """Refresh the table from every row of the step, the accepted path last."""
     on_path = set(outcome.path)
     nodes = sorted(outcome.rows, key=lambda n: (n in on_path, n))
-    k = min(top_k, outcome.logits.shape[-1])
-    top = topk_rows(outcome.logits, k)  # every row: no gathered copy of the logits
+    top = outcome.top_rows(top_k)  # every row (no gathered copy of the logits), with the argmax when greedy
     refresh(table, [outcome.tree.tokens[n] for n in nodes], [top[outcome.rows[n]] for n in nodes])

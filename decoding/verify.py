@@ -24,12 +24,14 @@ def _uniform(generator: Optional[torch.Generator]) -> float:
 
 
 def verify(tree: StepTree, logits: torch.Tensor, rows: dict[int, int], sampling: SamplingParams,
-           generator: Optional[torch.Generator]) -> tuple[list[int], int]:
+           generator: Optional[torch.Generator], top1: Optional[list[int]] = None) -> tuple[list[int], int]:
     """The one entry for one-hot drafts: ``logits`` (R, V) with ``rows[node]`` its row, for
-    every candidate node that was sent. Returns (accepted path, root first; bonus token)."""
+    every candidate node that was sent; ``top1``: the argmax of every row when the caller has
+    it (greedy). Returns (accepted path, root first; bonus token)."""
     nodes = [n for n in rows if tree.candidate[n]]
     if sampling.greedy:  # argmax of every row (no gathered copy of the rows), then picked
-        top1 = argmax_rows(logits)
+        if top1 is None:
+            top1 = argmax_rows(logits)
         return verify_greedy(tree, {n: top1[rows[n]] for n in nodes})
     probs = probs_from_logits(logits[[rows[n] for n in nodes]], sampling)
     return verify_sampling(tree, dict(zip(nodes, probs)), generator)

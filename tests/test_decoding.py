@@ -152,8 +152,8 @@ class Scrambled(Proposer):
                     t.children[t.parents[node]].setdefault(t.tokens[node], node)
         return trees
 
-    def verify(self, state, tree, logits, rows, sampling):
-        return self.inner.verify(state, tree, logits, rows, sampling)
+    def verify(self, state, tree, logits, rows, sampling, *, top1=None):
+        return self.inner.verify(state, tree, logits, rows, sampling, top1=top1)
 
     def update(self, state, outcome):
         self.inner.update(state, outcome)
@@ -381,3 +381,44 @@ def test_hybrid_grows_its_own_suffix_continuations_first():
     got = [(tree.tokens[n], tree.tokens[tree.parents[n]], tree.sources[n]) for n in cand]
     assert got == [(8, 7, SUFFIX | RECYCLE), (9, 7, SUFFIX | PLD), (5, 8, SUFFIX), (6, 8, SUFFIX),
                    (4, 9, SUFFIX | PLD), (3, 7, POOL | RECYCLE), (3, 3, POOL)]
+
+
+@pytest.mark.parametrize("name", ["lookahead+pld", "hybrid", "recycle"])
+def test_a_greedy_step_reduces_its_logits_rows_once(tiny_torch, monkeypatch, name):
+    """verify's argmax, the lookahead window's argmax and the recycled table's top-k all come
+    from one pass over a step's rows (the top-k's first index is the argmax), and what update
+    reads equals torch's answers on the same rows."""
+    import importlib
+
+    from kernels import skinny
+    calls = {"argmax_rows": 0, "argmax_topk_rows": 0}
+
+    def counted(key):
+        def f(*a, **k):
+            calls[key] += 1
+            return getattr(skinny, key)(*a, **k)
+        return f
+    for name_ in ("decoding.generate", "decoding.proposer", "decoding.verify"):  # where they are imported
+        mod = importlib.import_module(name_)  # (the package exports a function named generate)
+        for key in calls:
+            if hasattr(mod, key):
+                monkeypatch.setattr(mod, key, counted(key))
+    recycle = importlib.import_module("decoding.recycle")
+    assert not hasattr(recycle, "topk_rows")  # no separate top-k pass
+    seen = []
+    learn = recycle.learn_from
+
+    def check(table, outcome, top_k):
+        rows = list(outcome.rows.values())
+        seen.append(outcome.top_rows(top_k) == outcome.logits.topk(top_k, dim=-1).indices.tolist()
+                    and outcome.argmax(list(outcome.rows)) == [int(outcome.logits[r].argmax()) for r in rows])
+        learn(table, outcome, top_k)
+    monkeypatch.setattr(importlib.import_module(f"decoding.{'hybrid' if name == 'hybrid' else 'recycle'}"),
+                        "learn_from", check)
+    res = generate(tiny_torch, TINY_PROMPTS[:1], make_proposer(name), max_new_tokens=12, eos_token_ids=())
+    steps = res[0].stats.forwards
+    if name == "lookahead+pld":
+        assert calls == {"argmax_rows": steps, "argmax_topk_rows": 0}
+    else:
+        assert calls == {"argmax_rows": 0, "argmax_topk_rows": steps}
+        assert seen == [True] * steps
