@@ -44,7 +44,8 @@ class SuffixTrie:
         self.child: list[dict[int, int]] = [{}]
         self.count: list[int] = [0]
         self.level: list[int] = [0]  # node depth = length of its substring
-        self.active: list[int] = [0]  # nodes of the suffixes ending at the end of the current stream
+        # nodes of the suffixes ending at the end of the current stream, shortest first (the root)
+        self.active: list[int] = [0]
 
     def __len__(self) -> int:
         return len(self.count)
@@ -88,8 +89,9 @@ class SuffixTrie:
     def own_match(self, max_match: int) -> Optional[int]:
         """The longest suffix (at most max_match tokens) of the current stream that has a
         continuation: an earlier occurrence followed by something."""
-        for node in sorted(self.active, key=lambda n: -self.level[n]):
-            if 0 < self.level[node] <= max_match and self.child[node]:
+        level, child = self.level, self.child
+        for node in reversed(self.active):  # longest first
+            if 0 < level[node] <= max_match and child[node]:
                 return node
         return None
 

@@ -218,6 +218,8 @@ def test_suffix_trie_counts_substrings():
         assert trie.count[trie.find(list(sub))] == n, sub
     assert trie.find([1, 2, 1, 2]) is None  # deeper than depth
     assert len(trie) == 1 + len(count)
+    # the suffixes ending at the end of the stream, shortest first (own_match reads them longest first)
+    assert trie.active == [0, trie.find([3]), trie.find([2, 3]), trie.find([1, 2, 3])]
 
 
 def test_suffix_match_and_tree():
