@@ -12,8 +12,9 @@ lives in ``state.tokens``) and the read-only ``Context``. ``update`` receives on
 ``Outcome`` naming nodes of the tree the proposer itself returned. ``verify`` is the one
 verification entry (greedy and sampling); a method whose drafts are not one-hot (the draft
 model) overrides it with its own rule. With greedy decoding the loop reduces every logits row
-once, before ``verify``: its argmax (passed as ``top1``) and, for a proposer whose ``top_k``
-is above 1, its ``top_k`` best tokens in the same pass (``Outcome.top_rows``).
+once, before ``verify``: its argmax (passed as ``top1`` to a ``verify`` that takes it) and,
+for a proposer whose ``top_k`` is above 1, its ``top_k`` best tokens in the same pass
+(``Outcome.top_rows``).
 """
 
 from dataclasses import dataclass, field, fields

@@ -422,3 +422,19 @@ def test_a_greedy_step_reduces_its_logits_rows_once(tiny_torch, monkeypatch, nam
     else:
         assert calls == {"argmax_rows": 0, "argmax_topk_rows": steps}
         assert seen == [True] * steps
+
+
+def test_a_verify_override_without_top1_still_works(tiny_torch):
+    """``verify`` overrides written before the loop passed ``top1`` are called without it
+    (they reduce the rows themselves) and stay lossless."""
+    from decoding.lookahead import LookaheadPLD
+
+    class OldStyle(LookaheadPLD):
+        calls = 0
+
+        def verify(self, state, tree, logits, rows, sampling):
+            OldStyle.calls += 1
+            return super().verify(state, tree, logits, rows, sampling)
+    ref = [generate(tiny_torch, [p], max_new_tokens=12, eos_token_ids=())[0].output_ids for p in TINY_PROMPTS]
+    res = generate(tiny_torch, TINY_PROMPTS, OldStyle(), max_new_tokens=12, eos_token_ids=())
+    assert [r.output_ids for r in res] == ref and OldStyle.calls > 0
