@@ -30,6 +30,9 @@ CostFn = Callable[..., float]
 
 MAX_DEPTH_KEY = 8  # depths beyond share one estimate
 MAX_RANK_KEY = 3  # so do sibling ranks (0 = the first child of its parent, e.g. the top-1 prediction)
+# calibration (PlannerConfig.calibrate): pseudo tokens behind a ratio of 1, decay per sequence step
+# (older steps fade), lowest factor
+CAL_WEIGHT, CAL_DECAY, CAL_FLOOR = 3.0, 0.97, 0.3
 
 
 @dataclass(slots=True)
@@ -45,6 +48,10 @@ class PlannerConfig:
     # drafts are sent only when they promise this much more than a one-token step (tokens per unit
     # of predicted time): the cost model's error is a few percent, so a smaller promise can be a loss
     min_gain: float = 0.0
+    # scale every node's chance by accepted / expected draft tokens of the batch's past steps when
+    # that is below 1: the nodes a step sends are the ones whose estimates came out highest, so
+    # those estimates run above what is accepted (most where tokens are dear and steps are small)
+    calibrate: bool = True
 
     def __post_init__(self):
         if not 0.0 < self.prior < 1.0:
@@ -232,6 +239,8 @@ class Planner:
         self.window_columns = 0  # window columns sent
         self.overhead_ms = 0.0  # the host's time per step at the mean step size seen
         self.overhead_per_token = 0.0  # and what each step token adds to it (trees cost host work)
+        self._cal = [0.0, 0.0]  # decayed sums over sequence steps: expected and accepted draft tokens
+        self._sent_expect: dict[int, float] = {}  # per sequence: expected draft tokens of what it sent
         self._ovh = [0.0] * 5  # decayed sums: weight, x, y, xx, xy (x = step tokens, y = wall - forward)
         # for the benchmark: totals over the steps (seq_steps = sequences x steps)
         self.log = dict(steps=0, seq_steps=0, step_tokens=0, expected_tokens=0.0, new_tokens=0,
@@ -242,6 +251,16 @@ class Planner:
         if sid not in self.seq_acc:
             self.seq_acc[sid] = Acceptance(self.cfg, self.shared)
         return self.seq_acc[sid]
+
+    @property
+    def calibration(self) -> float:
+        """Accepted over expected draft tokens of the steps so far (decayed per sequence step,
+        smoothed towards 1 by ``CAL_WEIGHT`` tokens), at most 1 and at least ``CAL_FLOOR``: what
+        the planner multiplies every node's chance by (1 with ``calibrate`` off)."""
+        if not self.cfg.calibrate:
+            return 1.0
+        expected, accepted = self._cal
+        return min(1.0, max(CAL_FLOOR, (accepted + CAL_WEIGHT) / (expected + CAL_WEIGHT)))
 
     @property
     def window_rate(self) -> float:
@@ -282,10 +301,11 @@ class Planner:
                       for backed in (opinions if d <= BACKED_DEPTH else (NO_OPINION,)))
                   for d in range(1, MAX_DEPTH_KEY + 1)]
             best, best_d, p, gain = len(sids) / self._time(tokens) * (1 + self.cfg.min_gain), 0, 1.0, float(len(sids))
+            c = self.calibration
             for d in range(1, self.cfg.max_tokens):
                 q = qs[min(d, MAX_DEPTH_KEY) - 1]
                 p *= q
-                gain += p
+                gain += c * p
                 tokens[b] += 1
                 t = self._time(tokens)
                 if gain / t > best:
@@ -313,7 +333,8 @@ class Planner:
         """Per tree, the nodes to send (increasing, root first, closed under parents)."""
         wrate = self.window_rate
         estimates = [node_estimates(tree, self.acceptance(sid)) for sid, tree in zip(sids, trees)]
-        all_probs = [opt for _, opt in estimates]
+        c = self.calibration
+        all_probs = [opt if c == 1.0 else [1.0] + [x * c for x in opt[1:]] for _, opt in estimates]
         pinned = [sorted(_closed(tree, tree.pinned)) for tree in trees]  # sent whatever they cost
         # rank by expected tokens per unit of added time: a token costs more in a sequence over a
         # longer prefix when the cost knows the committed lengths (else every unit is the same)
@@ -360,8 +381,10 @@ class Planner:
         for it in taken[:best_k]:
             keep[it[2]] += it[5]
         chosen = [sorted(k) for k in keep]
-        for (probs, _), k in zip(estimates, chosen):
-            self.log["expected_tokens"] += sum(probs[n] for n in k)
+        for sid, (probs, _), k in zip(sids, estimates, chosen):
+            expected = sum(probs[n] for n in k)  # the root's 1 included
+            self.log["expected_tokens"] += expected
+            self._sent_expect[sid] = expected - 1.0
         return chosen
 
     # ---- after the step ---------------------------------------------------------------------
@@ -379,6 +402,10 @@ class Planner:
         self.window_columns += len({tree.group[n] for n in outcome.rows if not tree.candidate[n]
                                     and tree.group[n] >= 0})
         acc.streak = outcome.accepted > 0
+        expected = self._sent_expect.pop(sid, 0.0)
+        if expected > 0:  # steps that sent drafts: what their estimates promised against what came
+            self._cal[0] = CAL_DECAY * self._cal[0] + expected
+            self._cal[1] = CAL_DECAY * self._cal[1] + outcome.accepted
 
     def observe_time(self, step_tokens: list[int], wall_ms: float, new_tokens: int, model_ms: float = 0.0) -> None:
         """The whole step took ``wall_ms`` (propose to update) and gained ``new_tokens``;

@@ -1,12 +1,14 @@
 """The step planner: exact tables on synthetic cost curves, learning from outcomes, and
 losslessness with it on."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from decoding import Outcome, Planner, PlannerConfig, generate, make_proposer
-from decoding.planner import (BACKED, MAX_DEPTH_KEY, NO_OPINION, NOT_BACKED, Acceptance, node_estimates, node_keys,
-                              node_probs)
+from decoding.planner import (BACKED, CAL_DECAY, CAL_WEIGHT, MAX_DEPTH_KEY, NO_OPINION, NOT_BACKED, Acceptance,
+                              node_estimates, node_keys, node_probs)
 from decoding.draft import DraftModel, DraftModelConfig, DraftPLD
 from decoding.tree import DRAFT, HARVEST, PLD, POOL, RECYCLE, SUFFIX, WINDOW, StepTree
 from helpers import ours_from_hf, tiny_hf_model
@@ -413,3 +415,32 @@ def test_draft_pld_skips_the_draft_model_where_prompt_lookup_is_likely(tiny):
     assert prop._worth(step_ms, 0, 1.62, 1.0, fresh, 1, 3)  # candidates at the prior: draft too
     assert not prop._worth(step_ms, 0, 1.0 + gain, 1.0, prop.calibration.first() * (1 - p1), 1, n)
     assert DraftModel(tiny)._other(state) == (0.0, 0.0, 0)
+
+
+def test_calibration_scales_chances_by_accepted_over_expected():
+    """A step that sent drafts expected sum(chances) of them; what was accepted, over that
+    (decayed, smoothed towards 1 by CAL_WEIGHT tokens, at most 1), scales every node's chance
+    in later plans, which then send less where the estimates overshot."""
+    cost = linear_cost(10, 5)  # 1/15 < 1.4/20 > 1.56/25: a chain at the prior sends its first node
+    plan, plain = Planner(cost, FIXED), Planner(cost, replace(FIXED, calibrate=False))
+    assert plan.calibration == plain.calibration == 1.0
+    for src in (PLD, POOL):  # sources never tried, so both estimate them at the prior
+        for p in (plan, plain):
+            t = chain(3, src)
+            assert p.select([0], [t]) == [[0, 1]]  # expected 0.4 draft tokens
+            p.observe(0, outcome(t, [0], [0, 1]))  # none accepted
+        if src == PLD:
+            assert plan.calibration == pytest.approx(CAL_WEIGHT / (0.4 + CAL_WEIGHT))
+    assert plain.calibration == 1.0
+    assert plan.calibration == pytest.approx(CAL_WEIGHT / (0.4 * CAL_DECAY + 0.4 + CAL_WEIGHT))
+    assert plain.select([0], [chain(3, SUFFIX)]) == [[0, 1]]
+    assert plan.select([0], [chain(3, SUFFIX)]) == [[0]]  # (1 + 0.4 x 0.79) / 20 < 1 / 15
+
+
+def test_calibration_never_raises_chances():
+    plan = Planner(linear_cost(10, 1), FIXED)
+    t = chain(3)
+    for _ in range(5):
+        plan.select([0], [t])
+        plan.observe(0, outcome(t, [0, 1, 2, 3], [0, 1, 2, 3]))  # more accepted than expected
+    assert plan.calibration == 1.0
