@@ -94,10 +94,9 @@ class Outcome:
     logits: torch.Tensor  # (R, V) fp32 rows the forward computed for this sequence
     rows: dict[int, int]  # node -> its row in ``logits`` (nodes that were sent and needed logits)
     sent: int  # query tokens the step sent for this sequence
-    # per row: the argmax, and the top-k with its k (reduced once, cached for later calls)
+    # per row: the argmax and the top-k (reduced once, cached for later calls)
     _top1: Optional[list[int]] = field(default=None, init=False, repr=False, compare=False)
     _topk: Optional[list[list[int]]] = field(default=None, init=False, repr=False, compare=False)
-    _k: int = field(default=0, init=False, repr=False, compare=False)
 
     @property
     def accepted(self) -> int:
@@ -122,14 +121,15 @@ class Outcome:
         """Per row of ``logits``: the model's k best next tokens, best first (equal logits in
         token order); reduced once (with the argmax) and kept."""
         k = min(k, self.logits.shape[-1])
-        if self._topk is None or self._k < k:
+        have = len(self._topk[0]) if self._topk else 0  # the k reduced so far
+        if have < k:
             self._top1, self._topk = argmax_topk_rows(self.logits, k)
-            self._k = k
-        return self._topk if self._k == k else [row[:k] for row in self._topk]
+            have = k
+        return self._topk if have == k else [row[:k] for row in self._topk]
 
     def reduced(self, top1: Optional[list[int]], topk: Optional[list[list[int]]]) -> "Outcome":
         """Prime the caches with what the step already computed (``argmax_topk_rows``)."""
-        self._top1, self._topk, self._k = top1, topk, len(topk[0]) if topk else 0
+        self._top1, self._topk = top1, topk
         return self
 
 

@@ -373,8 +373,7 @@ def argmax_topk_rows(x: torch.Tensor, k: int) -> tuple[list[int], list[list[int]
     """``(argmax_rows(x), topk_rows(x, k))`` from one pass over the rows (a proposer that learns
     from every row's top-k also verifies with its argmax): the top-k's first index is the
     argmax, equal values being in index order; a row holding a NaN gets torch's answers."""
-    if x.dim() != 2 or not 1 <= k <= x.shape[-1]:
-        raise ValueError(f"x must be (rows, n) and 1 <= k <= n, got x {tuple(x.shape)} and k={k}")
+    _check_k(x, k)
     lib = _rows_kernel(x)
     if lib is None or k > MAX_TOPK:
         return x.argmax(-1).tolist(), x.topk(k, dim=-1).indices.tolist()
@@ -390,8 +389,7 @@ def topk_rows(x: torch.Tensor, k: int) -> list[list[int]]:
     equal values in index order: ``x.topk(k, -1).indices.tolist()`` (the reference; torch
     leaves the order of equal values open), and that for other devices, dtypes, k above
     ``MAX_TOPK`` and rows holding a NaN."""
-    if x.dim() != 2 or not 1 <= k <= x.shape[-1]:
-        raise ValueError(f"x must be (rows, n) and 1 <= k <= n, got x {tuple(x.shape)} and k={k}")
+    _check_k(x, k)
     lib = _rows_kernel(x)
     if lib is None or k > MAX_TOPK:
         return x.topk(k, dim=-1).indices.tolist()
@@ -399,6 +397,11 @@ def topk_rows(x: torch.Tensor, k: int) -> list[list[int]]:
     for r in bad:
         res[r] = x[r].topk(k).indices.tolist()
     return res
+
+
+def _check_k(x: torch.Tensor, k: int) -> None:
+    if x.dim() != 2 or not 1 <= k <= x.shape[-1]:
+        raise ValueError(f"x must be (rows, n) and 1 <= k <= n, got x {tuple(x.shape)} and k={k}")
 
 
 def _topk_kernel(lib: ctypes.CDLL, x: torch.Tensor, k: int) -> tuple[list[list[int]], list[int]]:
