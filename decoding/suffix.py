@@ -6,13 +6,14 @@ they followed (count of a child / counts of its siblings, multiplied along the p
 draft tree best-first.
 
 An opt-in ``SuffixStore`` shared across the requests of a run also indexes every finished
-sequence (bounded: it stops growing at ``max_nodes``; a step's query walks at most
-``max_match`` tokens); with it off a sequence sees nothing of the others.
+sequence (bounded: it takes no more text at ``store_nodes``, counting nodes, once-seen entries
+and tokens; a step's query walks at most ``max_match`` tokens); with it off a sequence sees
+nothing of the others.
 """
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
 from decoding.tree import SUFFIX, StepTree
@@ -25,7 +26,7 @@ class SuffixConfig:
     max_nodes: int = 32  # draft nodes per step at most (before the planner)
     min_prob: float = 0.05  # drop continuations less likely than this (frequency along the path)
     shared: bool = False  # also draft from the finished sequences of this proposer (a SuffixStore)
-    store_nodes: int = 1 << 20  # the shared store stops growing at this many trie nodes
+    store_nodes: int = 1 << 20  # the shared store takes no more text at this size (SuffixTrie.size)
 
     def __post_init__(self):
         if self.max_match < 1 or self.depth <= self.max_match:
@@ -36,24 +37,51 @@ class SuffixConfig:
             raise ValueError(f"min_prob must be in [0, 1), got {self.min_prob}")
 
 
+# A place in a SuffixTrie: a node (int, a substring seen more than once, or the root) or a
+# substring seen once, as (where its one occurrence ends in the trie's text, its length).
+Place = Union[int, tuple[int, int]]
+SEP = -1  # in a trie's text: the end of a stream
+
+
 class SuffixTrie:
-    """Counts of every substring of at most ``depth`` tokens of the streams fed to it."""
+    """Counts of every substring of at most ``depth`` tokens of the streams fed to it.
+
+    Stored compressed: only substrings seen more than once are nodes. One seen once is an
+    entry ``~end`` in its parent's children (where its one occurrence ends in ``text``) and
+    its continuation is read from the text, so a new token costs one step per current suffix
+    that occurred before (a few) instead of one per suffix up to ``depth``. Four qa prompts of
+    the test split (1,178 tokens on average, depth 24): 1.0 ms to index one instead of 13.7,
+    487 nodes instead of 28,924 for the last (2026-11-25)."""
 
     def __init__(self, depth: int, max_nodes: int = 1 << 30):
         self.depth, self.max_nodes = depth, max_nodes
+        self.text: list[int] = []  # every stream fed, each new one after a SEP
+        # children by token: a node id, or ~end for a substring seen once
         self.child: list[dict[int, int]] = [{}]
         self.count: list[int] = [0]
         self.level: list[int] = [0]  # node depth = length of its substring
-        # nodes of the suffixes ending at the end of the current stream, shortest first (the root)
+        # the nodes among the suffixes ending at the end of the current stream, shortest first (the
+        # root first); the longer suffixes occurred only there
         self.active: list[int] = [0]
+        self.size = 1  # nodes + once-seen entries + text tokens: what max_nodes bounds
 
     def __len__(self) -> int:
         return len(self.count)
 
+    @property
+    def full(self) -> bool:
+        return self.size >= self.max_nodes
+
     def extend(self, tokens: list[int]) -> None:
-        child, count, level, depth, cap = self.child, self.count, self.level, self.depth, self.max_nodes
+        """Feed tokens to the current stream (a full trie takes no more)."""
+        child, count, level, depth, text = self.child, self.count, self.level, self.depth, self.text
         active = self.active
         for x in tokens:
+            if self.size >= self.max_nodes:
+                break
+            e = len(text)
+            text.append(x)
+            added = 1
             new = [0]
             for a in active:
                 la = level[a]
@@ -61,62 +89,108 @@ class SuffixTrie:
                     continue
                 kids = child[a]
                 c = kids.get(x)
-                if c is None:
-                    if len(count) >= cap:
-                        continue  # full: known substrings keep counting, new ones are not added
+                if c is None:  # first seen here (and so are the longer ones)
+                    kids[x] = ~e
+                    added += 1
+                    continue
+                if c < 0:  # seen once before, ending at ~c: a node now, with that occurrence's continuation
+                    first = ~c
                     c = len(count)
                     kids[x] = c
-                    child.append({})
-                    count.append(0)
+                    count.append(1)
                     level.append(la + 1)
+                    nxt = {}
+                    if la + 1 < depth and text[first + 1] != SEP:  # first + 1 <= e: it exists
+                        nxt[text[first + 1]] = ~(first + 1)
+                        added += 1
+                    child.append(nxt)
+                    added += 1
                 count[c] += 1
                 new.append(c)
             active = new
+            self.size += added
         self.active = active
 
     def new_stream(self) -> None:
         """The next tokens start a new text (no substring spans two streams)."""
+        if self.text and self.text[-1] != SEP:
+            self.text.append(SEP)
+            self.size += 1
         self.active = [0]
 
-    def find(self, pattern: list[int]) -> Optional[int]:
-        node = 0
-        for x in pattern:
-            node = self.child[node].get(x)
-            if node is None:
+    def occurrences(self, place: Optional[Place]) -> int:
+        if place is None:
+            return 0
+        return self.count[place] if isinstance(place, int) else 1
+
+    def length(self, place: Place) -> int:
+        return self.level[place] if isinstance(place, int) else place[1]
+
+    def continuations(self, place: Place) -> list[tuple[int, Place, int]]:
+        """(token, its place, occurrences) of what followed ``place``, most frequent first
+        (ties: first seen first)."""
+        text = self.text
+        if isinstance(place, int):
+            count, n = self.count, self.level[place] + 1
+            out = [(tok, c, count[c]) if c >= 0 else (tok, (~c, n), 1) for tok, c in self.child[place].items()]
+            out.sort(key=lambda k: -k[2])
+            return out
+        end, n = place
+        if n < self.depth and end + 1 < len(text) and text[end + 1] != SEP:
+            return [(text[end + 1], (end + 1, n + 1), 1)]
+        return []
+
+    def find(self, pattern: list[int]) -> Optional[Place]:
+        """The place of ``pattern``; None if it never occurred (or is longer than ``depth``)."""
+        if len(pattern) > self.depth:
+            return None
+        node, text = 0, self.text
+        for i, x in enumerate(pattern):
+            c = self.child[node].get(x)
+            if c is None:
                 return None
+            if c < 0:  # seen once: the rest must follow that occurrence
+                end = ~c
+                for y in pattern[i + 1:]:
+                    end += 1
+                    if end >= len(text) or text[end] != y:
+                        return None
+                return end, len(pattern)
+            node = c
         return node
 
     def own_match(self, max_match: int) -> Optional[int]:
         """The longest suffix (at most max_match tokens) of the current stream that has a
-        continuation: an earlier occurrence followed by something."""
+        continuation: an earlier occurrence followed by something (a node: a suffix seen once
+        occurred only here, at the end)."""
         level, child = self.level, self.child
         for node in reversed(self.active):  # longest first
             if 0 < level[node] <= max_match and child[node]:
                 return node
         return None
 
-    def store_match(self, text: list[int], max_match: int) -> Optional[int]:
+    def store_match(self, text: list[int], max_match: int) -> Optional[Place]:
         """The same for a text that is not this trie's stream (a shared store)."""
         for m in range(min(max_match, len(text)), 0, -1):
-            node = self.find(text[-m:])
-            if node is not None and self.child[node]:
-                return node
+            place = self.find(text[-m:])
+            if place is not None and self.continuations(place):
+                return place
         return None
 
 
-def grow_tree(tree: StepTree, trie: SuffixTrie, match: int, max_depth: int, max_nodes: int, min_prob: float,
+def grow_tree(tree: StepTree, trie: SuffixTrie, match: Place, max_depth: int, max_nodes: int, min_prob: float,
               source: int = SUFFIX) -> None:
-    """Best-first by path frequency from the trie node ``match``, hung under the root."""
-    heap = [(-1.0, 0, match, 0)]  # (-probability, tiebreak, trie node, tree node)
+    """Best-first by path frequency from the trie place ``match``, hung under the root."""
+    heap = [(-1.0, 0, match, 0)]  # (-probability, tiebreak, trie place, tree node)
     tick = 0
     while heap:
-        neg_p, _, tnode, node = heapq.heappop(heap)
+        neg_p, _, place, node = heapq.heappop(heap)
         if tree.depths[node] >= max_depth:
             continue
-        kids = trie.child[tnode]
-        total = sum(trie.count[c] for c in kids.values())
-        for tok, c in sorted(kids.items(), key=lambda kv: -trie.count[kv[1]]):
-            p = -neg_p * trie.count[c] / total
+        kids = trie.continuations(place)
+        total = sum(k[2] for k in kids)
+        for tok, c, n in kids:
+            p = -neg_p * n / total
             if p < min_prob:
                 break
             child = tree.add_child(node, tok, source, max_nodes)

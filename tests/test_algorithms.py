@@ -215,11 +215,91 @@ def test_suffix_trie_counts_substrings():
     count = {(1,): 2, (2,): 2, (3,): 1, (1, 2): 2, (2, 1): 1, (2, 3): 1, (1, 2, 1): 1, (1, 2, 3): 1,
              (2, 1, 2): 1}
     for sub, n in count.items():
-        assert trie.count[trie.find(list(sub))] == n, sub
-    assert trie.find([1, 2, 1, 2]) is None  # deeper than depth
-    assert len(trie) == 1 + len(count)
-    # the suffixes ending at the end of the stream, shortest first (own_match reads them longest first)
-    assert trie.active == [0, trie.find([3]), trie.find([2, 3]), trie.find([1, 2, 3])]
+        assert trie.occurrences(trie.find(list(sub))) == n, sub
+    assert trie.find([1, 2, 1, 2]) is None and trie.find([3, 1]) is None  # deeper than depth; never seen
+    # only what occurred more than once is a node (the root too); the rest are places in the text
+    assert len(trie) == 1 + 3 and trie.find([2, 1, 2]) == (3, 3)
+    # the nodes among the suffixes ending at the end of the stream, shortest first (own_match reads
+    # them longest first); "3", "2 3", "1 2 3" occurred only there
+    assert trie.active == [0]
+    trie = SuffixTrie(depth=3)
+    trie.extend([1, 2, 1, 2])
+    assert trie.active == [0, trie.find([2]), trie.find([1, 2])]
+
+
+class _Dense:
+    """Reference for SuffixTrie: every substring's count and first end, by brute force."""
+
+    def __init__(self, streams: list[list[int]], depth: int):
+        self.depth, self.count, self.first = depth, {}, {}
+        at = 0
+        for text in streams:
+            for j in range(len(text)):
+                for i in range(max(0, j + 1 - depth), j + 1):
+                    sub = tuple(text[i:j + 1])
+                    self.count[sub] = self.count.get(sub, 0) + 1
+                    self.first.setdefault(sub, at + j)
+            at += len(text) + 1
+
+    def continuations(self, sub: tuple) -> list:
+        kids = [(sub + (y,), n) for (*s, y), n in self.count.items() if tuple(s) == sub]
+        kids.sort(key=lambda k: (-k[1], self.first[k[0]]))
+        return [(s[-1], s, n) for s, n in kids]
+
+    def match(self, text: list[int], max_match: int):
+        for m in range(min(max_match, len(text)), 0, -1):
+            if self.continuations(tuple(text[-m:])):
+                return tuple(text[-m:])
+        return None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_suffix_trie_matches_brute_force_counts(seed):
+    """Counts, matches and grown trees of the compressed trie against every substring counted
+    by brute force, over random streams with many repeats (small vocabularies) and few."""
+    import random
+
+    rng = random.Random(seed)
+    for _ in range(25):
+        depth, vocab = rng.randint(2, 7), rng.randint(1, 5)
+        trie, streams = SuffixTrie(depth), []
+        for s in range(rng.randint(1, 3)):
+            if s:
+                trie.new_stream()
+            streams.append([])
+            for _ in range(rng.randint(1, 4)):
+                chunk = [rng.randrange(vocab) for _ in range(rng.randint(0, 12))]
+                trie.extend(chunk)
+                streams[-1] += chunk
+                ref = _Dense(streams, depth)
+                unseen = [tuple(rng.randrange(vocab) for _ in range(rng.randint(1, depth + 1))) for _ in range(20)]
+                for sub in list(ref.count) + unseen:
+                    assert trie.occurrences(trie.find(list(sub))) == ref.count.get(sub, 0), sub
+                max_match = rng.randint(1, depth - 1)
+                query = [rng.randrange(vocab) for _ in range(rng.randint(1, 6))]
+                own = trie.own_match(max_match)
+                want = ref.match(streams[-1], max_match)
+                assert (own is None) == (want is None) and (own is None or trie.find(list(want)) == own)
+                for place, sub in ((own, want), (trie.store_match(query, max_match), ref.match(query, max_match))):
+                    assert (place is None) == (sub is None)
+                    if place is None:
+                        continue
+                    assert trie.length(place) == len(sub) and trie.find(list(sub)) == place
+                    for max_depth, max_nodes, min_prob in ((3, 8, 0.2), (5, 30, 0.0)):
+                        got, exp = StepTree.root(9), StepTree.root(9)
+                        grow_suffix(got, trie, place, max_depth, max_nodes, min_prob)
+                        grow_suffix(exp, ref, sub, max_depth, max_nodes, min_prob)
+                        assert (got.tokens, got.parents) == (exp.tokens, exp.parents)
+
+
+def test_a_full_suffix_trie_takes_no_more_text():
+    trie = SuffixTrie(depth=4, max_nodes=40)
+    trie.extend([1, 2, 3] * 30)
+    assert 40 <= trie.size < 40 + 4 + 2  # one token's entries past the bound at most
+    size, text = trie.size, len(trie.text)
+    trie.extend([1, 2])
+    assert (trie.size, len(trie.text)) == (size, text)
+    assert trie.occurrences(trie.find([1, 2, 3])) >= 2
 
 
 def test_suffix_match_and_tree():
