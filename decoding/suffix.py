@@ -35,6 +35,8 @@ class SuffixConfig:
             raise ValueError(f"max_nodes must be >= 1, got {self.max_nodes}")
         if not 0.0 <= self.min_prob < 1.0:
             raise ValueError(f"min_prob must be in [0, 1), got {self.min_prob}")
+        if self.store_nodes < 1:
+            raise ValueError(f"store_nodes must be >= 1, got {self.store_nodes}")
 
 
 # A place in a SuffixTrie: a node (int, a substring seen more than once, or the root) or a
@@ -67,10 +69,6 @@ class SuffixTrie:
 
     def __len__(self) -> int:
         return len(self.count)
-
-    @property
-    def full(self) -> bool:
-        return self.size >= self.max_nodes
 
     def extend(self, tokens: list[int]) -> None:
         """Feed tokens to the current stream (a full trie takes no more)."""

@@ -7,7 +7,7 @@ import pytest
 from decoding.draft import Calibration, draft_cache_keep, worth_drafting
 from decoding.recycle import grow_tree as grow_recycled
 from decoding.recycle import refresh, seed_table
-from decoding.suffix import SuffixTrie
+from decoding.suffix import SuffixConfig, SuffixTrie
 from decoding.suffix import grow_tree as grow_suffix
 from decoding.jacobi import initial_guess, next_guess
 from decoding.lookahead import harvest, slide
@@ -290,6 +290,16 @@ def test_suffix_trie_matches_brute_force_counts(seed):
                         grow_suffix(got, trie, place, max_depth, max_nodes, min_prob)
                         grow_suffix(exp, ref, sub, max_depth, max_nodes, min_prob)
                         assert (got.tokens, got.parents) == (exp.tokens, exp.parents)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(max_match=0), "max_match"), (dict(depth=8, max_match=8), "max_match < depth"),
+    (dict(max_nodes=0), "max_nodes must be >= 1"), (dict(min_prob=1.0), r"min_prob must be in \[0, 1\)"),
+    (dict(store_nodes=0), "store_nodes must be >= 1"),
+])
+def test_suffix_config_names_the_bad_argument(bad, match):
+    with pytest.raises(ValueError, match=match):
+        SuffixConfig(**bad)
 
 
 def test_a_full_suffix_trie_takes_no_more_text():
