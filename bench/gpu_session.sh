@@ -1,32 +1,56 @@
 #!/usr/bin/env bash
 # The whole GPU measurement plan in one call (see the README's "On a GPU" notes).
 #
-#   bash bench/gpu_session.sh [GGUF] [OUTDIR]
+#   bash bench/gpu_session.sh [GGUF] [OUTDIR] [STEPS]
 #
 # GGUF defaults to /tmp/m/smollm2.gguf (copied there beforehand: a GPU box may have no index), OUTDIR to
-# $OUT (the device tool's return folder) or out/gpu. Needs the `gguf` wheel on PYTHONPATH there
-# (GGUF reading, ours and transformers'). Steps, each writing its own log so that a step that
-# fails or runs out of time does not lose the others (8 files come back: the device tool's limit):
-#   1. kernel microbenchmarks (Triton vs torch reference, FlexAttention, SDPA)
-#   2. model speed at Mistral-7B shapes, bf16: decode bandwidth, step-cost curve
-#   3. end to end on the real default model with Triton kernels, beside transformers
+# $OUT (the device tool's return folder) or out/gpu, STEPS to "tests,kernels,speed,e2e" (any comma
+# subset, run in that order). Needs the `gguf` wheel (GGUF reading, ours and transformers') and
+# `hypothesis` (the n-gram kernel's property tests) importable there. Each step writes its own
+# log, so a step that fails or runs out of time does not lose the others:
+#   tests    the Triton kernels' unit tests, run natively on the GPU against their references
+#   kernels  kernel microbenchmarks (Triton vs torch reference, FlexAttention, SDPA)
+#   speed    model speed at Mistral-7B shapes, bf16: decode bandwidth, step-cost curve
+#   e2e      end to end on the real default model with Triton kernels, beside transformers
 set -u
 GGUF=${1:-/tmp/m/smollm2.gguf}
 DIR=${2:-${OUT:-out/gpu}}
+STEPS=",${3:-tests,kernels,speed,e2e},"
 mkdir -p "$DIR"
 export PYTHONUNBUFFERED=1
 LOG="$DIR/log.txt"
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv > "$LOG" 2>&1
-python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$LOG" 2>&1
+{
+    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv
+    python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+} >> "$LOG" 2>&1
+step() { [[ "$STEPS" == *",$1,"* ]]; }
+stamp() { echo "$(date +%T) $*" | tee -a "$LOG"; }
 
-timeout 150 python bench/kernels.py > "$DIR/kernels.md" 2>> "$LOG"
-echo "kernels: rc $?" | tee -a "$LOG"
-timeout 200 python bench/model_speed.py --out "$DIR/speed" >> "$LOG" 2>&1
-echo "model_speed: rc $?" | tee -a "$LOG"
-if [ -f "$GGUF" ]; then
-    timeout 200 python bench/run.py --kernel triton --model "$GGUF" --compare-hf --limit 4 --out "$DIR/e2e" >> "$LOG" 2>&1
-    echo "e2e: rc $?" | tee -a "$LOG"
-else
-    echo "e2e: skipped, no model at $GGUF" | tee -a "$LOG"
+if step tests; then
+    stamp "tests: start"
+    timeout "${TESTS_S:-240}" python -m pytest -q -p no:cacheprovider tests/test_kernel_ngram_match.py \
+        tests/test_kernel_kv_ops.py tests/test_kernel_tree_attention.py tests/test_kernel_compile.py \
+        > "$DIR/kernel_tests.txt" 2>&1
+    stamp "tests: rc $? ($(tail -1 "$DIR/kernel_tests.txt"))"
+fi
+if step kernels; then
+    stamp "kernels: start"
+    timeout "${KERNELS_S:-150}" python bench/kernels.py > "$DIR/kernels.md" 2>> "$LOG"
+    stamp "kernels: rc $?"
+fi
+if step speed; then
+    stamp "model_speed: start"
+    timeout "${SPEED_S:-200}" python bench/model_speed.py --out "$DIR/speed" ${SPEED_ARGS:-} >> "$LOG" 2>&1
+    stamp "model_speed: rc $?"
+fi
+if step e2e; then
+    if [ -f "$GGUF" ]; then
+        stamp "e2e: start"
+        timeout "${E2E_S:-300}" python bench/run.py --kernel triton --model "$GGUF" --compare-hf \
+            --limit "${E2E_LIMIT:-4}" --out "$DIR/e2e" >> "$LOG" 2>&1
+        stamp "e2e: rc $?"
+    else
+        stamp "e2e: skipped, no model at $GGUF"
+    fi
 fi
 cat "$DIR/kernels.md" "$DIR/speed/model_speed.md" "$DIR/e2e/results.md" 2>/dev/null

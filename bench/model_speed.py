@@ -29,6 +29,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -265,10 +266,11 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def chart(res: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def chart(res: dict, path: Path) -> Optional[Path]:
+    from bench.report import pyplot
+    plt = pyplot()
+    if plt is None:
+        return None
     fig, ax = plt.subplots(figsize=(6, 4))
     for b in sorted({r["batch"] for r in res["step_cost"]}):
         rows = [r for r in res["step_cost"] if r["batch"] == b]
@@ -285,6 +287,7 @@ def chart(res: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return path
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -342,9 +345,9 @@ def main(argv=None) -> dict:
     (out / "model_speed.json").write_text(json.dumps(res, indent=1))
     md = markdown(res)
     (out / "model_speed.md").write_text(md)
-    chart(res, out / "step_cost.png")
+    png = chart(res, out / "step_cost.png")
     print(md)
-    print(f"wrote {out}/model_speed.json, model_speed.md, step_cost.png")
+    print(f"wrote {out}/model_speed.json, model_speed.md" + (", step_cost.png" if png else ""))
     return res
 
 

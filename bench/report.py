@@ -1,6 +1,7 @@
 """Summaries of benchmark records: the methods x tasks table (Markdown) and a chart (PNG)."""
 
 import statistics
+import warnings
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Optional
@@ -169,14 +170,26 @@ def planner_summary(records: list[dict]) -> dict[str, dict]:
     return out
 
 
+def pyplot():
+    """matplotlib's pyplot on the Agg backend, or None with a warning where it is not installed
+    (a GPU machine set up with --no-deps): the tables are written either way."""
+    try:
+        import matplotlib
+    except ImportError:
+        warnings.warn("matplotlib is not installed: no chart drawn (the tables are written)")
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
 def chart(records: list[dict], methods: list[str], tasks: list[str], path: Path, title: str = "",
           cost_curve: Optional[dict] = None) -> Optional[Path]:
     """Grouped bars: speedup (left) and tau (middle) per task, one bar per method; with a
     ``cost_curve`` (the header's step_cost_curve) the step cost the planner used (right)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return None
 
     s = summarize(records)
     cols = tasks + (["all"] if len(tasks) > 1 else [])
@@ -228,10 +241,9 @@ def accept_chart(records: list[dict], methods: list[str], path: Path, title: str
     if not counts:
         return None
     shown = [m for m, c in counts.items() if set(c) != {1}] or list(counts)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return None
 
     top = max(max(counts[m]) for m in shown)
     xs = list(range(1, top + 1))

@@ -7,6 +7,30 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# The Triton kernels' own tests. On a GPU with Triton compiling (not interpreted) they run there:
+# every tensor they make (and their random generators) is created on the GPU, the references run
+# on the same inputs there, and a kernel launched with host tensors could not run anyway.
+# Everything else in the suite is a CPU suite (on a GPU machine run it with TRITON_INTERPRET=1).
+GPU_KERNEL_TESTS = {"test_kernel_ngram_match", "test_kernel_kv_ops", "test_kernel_tree_attention"}
+
+
+def kernels_on_gpu() -> bool:
+    return torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+
+@pytest.fixture(autouse=True)
+def _kernel_tests_on_gpu(request, monkeypatch):
+    if request.module.__name__.rpartition(".")[2] not in GPU_KERNEL_TESTS or not kernels_on_gpu():
+        yield
+        return
+    host_generator = torch.Generator
+    monkeypatch.setattr(torch, "Generator", lambda device="cuda": host_generator(device=device))
+    torch.set_default_device("cuda")
+    try:
+        yield
+    finally:
+        torch.set_default_device(None)
+
 # Real prompts for the default-model tests (chat, code, summarization, QA).
 REAL_PROMPTS = [
     "What is the capital of France? Answer in one sentence.",
