@@ -272,10 +272,11 @@ def test_lookup_states_from_the_device_mirror_equals_the_host_search():
     g = torch.Generator().manual_seed(6)
     states = [SeqState(i, torch.randint(0, 4, (n,), generator=g).tolist(), n) for i, n in enumerate((5, 30, 17))]
     cfg = PromptLookupConfig(num_candidates=3, num_draft=4)
-    mirror, triton_be, torch_be = DeviceHistories(), get_backend("triton", "cpu"), get_backend("torch", "cpu")
+    dev = torch.empty(0).device  # the GPU where the kernel tests run there (conftest), else the CPU
+    mirror, triton_be, torch_be = DeviceHistories(), get_backend("triton", dev), get_backend("torch", dev)
     for step in range(3):
-        want = lookup_states(torch_be, states, cfg, "cpu", mirror)  # the host search: the mirror is not used
-        assert lookup_states(triton_be, states, cfg, "cpu", mirror) == want and any(want)
+        want = lookup_states(torch_be, states, cfg, dev, mirror)  # the host search: the mirror is not used
+        assert lookup_states(triton_be, states, cfg, dev, mirror) == want and any(want)
         assert mirror.uploaded == sum(len(s.tokens) for s in states)  # each token copied once
         for s in states:
             s.tokens += torch.randint(0, 4, (int(torch.randint(1, 4, (1,), generator=g)),), generator=g).tolist()
