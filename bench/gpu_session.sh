@@ -5,12 +5,13 @@
 #
 # GGUF defaults to /tmp/m/smollm2.gguf (copied there beforehand: a GPU box may have no index), OUTDIR to
 # $OUT (the device tool's return folder) or out/gpu, STEPS to "tests,kernels,speed,e2e" (any comma
-# subset, run in that order). Needs the `gguf` wheel (GGUF reading, ours and transformers') and
+# subset, run in that order; "graphs" is not in the default list). Needs the `gguf` wheel (GGUF reading, ours and transformers') and
 # `hypothesis` (the n-gram kernel's property tests) importable there. Each step writes its own
 # log, so a step that fails or runs out of time does not lose the others:
 #   tests    the Triton kernels' unit tests, run natively on the GPU against their references
 #   kernels  kernel microbenchmarks (Triton vs torch reference, FlexAttention, SDPA)
 #   speed    model speed at Mistral-7B shapes, bf16: decode bandwidth, step-cost curve
+#   graphs   model speed with steps replayed from CUDA graphs (--cuda-graphs), SmolLM2 and 7B shapes
 #   e2e      end to end on the real default model with Triton kernels, beside transformers
 set -u
 GGUF=${1:-/tmp/m/smollm2.gguf}
@@ -29,8 +30,8 @@ stamp() { echo "$(date +%T) $*" | tee -a "$LOG"; }
 if step tests; then
     stamp "tests: start"
     timeout "${TESTS_S:-240}" python -m pytest -q -p no:cacheprovider tests/test_kernel_ngram_match.py \
-        tests/test_kernel_kv_ops.py tests/test_kernel_tree_attention.py tests/test_kernel_compile.py \
-        > "$DIR/kernel_tests.txt" 2>&1
+        tests/test_kernel_kv_ops.py tests/test_kernel_tree_attention.py tests/test_graphs.py \
+        tests/test_kernel_compile.py > "$DIR/kernel_tests.txt" 2>&1
     stamp "tests: rc $? ($(tail -1 "$DIR/kernel_tests.txt"))"
 fi
 if step kernels; then
@@ -42,6 +43,14 @@ if step speed; then
     stamp "model_speed: start"
     timeout "${SPEED_S:-200}" python bench/model_speed.py --out "$DIR/speed" ${SPEED_ARGS:-} >> "$LOG" 2>&1
     stamp "model_speed: rc $?"
+fi
+if step graphs; then
+    for shape in smollm2-135m mistral-7b; do
+        stamp "graphs $shape: start"
+        timeout "${GRAPHS_S:-120}" python bench/model_speed.py --shape $shape --cuda-graphs --batch 1,8 \
+            --step-batch 1 --out "$DIR/graphs_$shape" >> "$LOG" 2>&1
+        stamp "graphs $shape: rc $?"
+    done
 fi
 if step e2e; then
     if [ -f "$GGUF" ]; then
@@ -55,4 +64,4 @@ if step e2e; then
         stamp "e2e: skipped, no model at $GGUF"
     fi
 fi
-cat "$DIR/kernels.md" "$DIR/speed/model_speed.md" "$DIR/e2e/results.md" 2>/dev/null
+cat "$DIR/kernels.md" "$DIR/speed/model_speed.md" "$DIR"/graphs_*/model_speed.md "$DIR/e2e/results.md" 2>/dev/null

@@ -34,6 +34,11 @@ class Bench:
         self.draft = None
         if any(m.startswith("draft") for m in args.methods):
             self.draft = self._load("draft", lambda: load_model(args.draft_model, backend, dtype, args.device))[0]
+        if getattr(args, "cuda_graphs", False):
+            from models.graphs import use_cuda_graphs
+            for m in (self.model, self.draft):
+                if m is not None:
+                    use_cuda_graphs(m)
         self.eos = tuple(cfg.eos_token_ids)
         self.sp = sampling_of(args)
         self.methods = list(args.methods)

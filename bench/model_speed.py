@@ -166,7 +166,7 @@ def measure(args) -> dict:
     model = random_model(cfg, backend, dtype, device)
     max_batch = max(max(args.batch), max(args.step_batch))
     per_seq = args.context + max(args.step_tokens) + 16
-    runner = ModelRunner(model, cache_tokens=max_batch * (per_seq + 16), block_size=16)
+    runner = ModelRunner(model, cache_tokens=max_batch * (per_seq + 16), block_size=16, graphs=args.cuda_graphs)
     timer = make_timer(device, args.reps)
     wbytes = weight_bytes(model)
     kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.finfo(dtype).bits // 8
@@ -224,7 +224,8 @@ def measure(args) -> dict:
                     config={k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "intermediate_size",
                                                          "num_layers", "num_heads", "num_kv_heads", "head_dim")},
                     weight_bytes=wbytes, copy_gbs=copy_gbs, product_tables=tables, torch=torch.__version__, triton=triton.__version__,
-                    python=platform.python_version(), command=" ".join(sys.argv)),
+                    python=platform.python_version(), command=" ".join(sys.argv),
+                    cuda_graphs=bool(args.cuda_graphs)),
         decode=decode, step_cost=curve)
 
 
@@ -248,7 +249,9 @@ def markdown(res: dict) -> str:
              f"copy bandwidth {h['copy_gbs']:.0f} GB/s (read + write)", "",
              f"`{h['command']}`", "",
              "forward: the model as it runs (tuned products, per-step attention plan); baseline: every product "
-             "plain F.linear and attention worked out per layer (the previous forward), same weights, same run.", "",
+             "plain F.linear and attention worked out per layer (the previous forward), same weights, same run; "
+             "step: `ModelRunner.step`, host packing included"
+             + (", replayed from CUDA graphs." if h.get("cuda_graphs") else ", eager.") , "",
              "## Decode (one token per sequence)", "",
              "| batch | context | forward ms | baseline ms | speedup | step ms | tok/s | weight GB/s | weight+KV GB/s "
              "| weight BW / copy BW |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -306,6 +309,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--copy-mb", type=int, default=None, help="buffer of the copy-bandwidth probe (default 1024 GPU, 256 CPU)")
     p.add_argument("--quick", action="store_true", help="few small sizes (smoke test)")
     p.add_argument("--no-tune", action="store_true", help="keep every product plain F.linear (no tuning)")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="time the runner's step replayed from CUDA graphs (the step ms columns; needs a GPU "
+                        "and --kernel triton)")
     p.add_argument("--extra-weight-memory", choices=("auto", "on", "off"), default="auto",
                    help="may tuning keep a packed second copy of the weights (default auto: models <= 2 GiB)")
     p.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR), help="where tuning results are cached")
@@ -314,6 +320,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     gpu = torch.cuda.is_available() and (args.device or "cuda").startswith("cuda")
     args.shape = args.shape or ("mistral-7b" if gpu else "smollm2-135m")
+    if args.cuda_graphs and not (gpu and args.kernel != "torch"):
+        p.error("--cuda-graphs needs a CUDA device and the triton kernels (not --kernel torch)")
     if args.quick:
         args.batch = args.batch or [1, 2]
         args.step_tokens = args.step_tokens or [1, 4, 16]

@@ -70,6 +70,11 @@ def main(argv=None, out=sys.stdout, err=sys.stderr) -> int:
     gen = TextGenerator.load(args.model, backend=backend, dtype=DTYPES[args.dtype], device=args.device)
     gen.chat_template = not args.no_chat_template
     draft = load_model(args.draft_model, backend, DTYPES[args.dtype], args.device)[0] if args.draft_model else None
+    if args.cuda_graphs:
+        from models.graphs import use_cuda_graphs
+        for m in (gen.model, draft):
+            if m is not None:
+                use_cuda_graphs(m)
     prompt = args.chat if args.messages is not None else args.prompt
     proposer = build_proposer(args.method, args, draft)
 

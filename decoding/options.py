@@ -27,6 +27,9 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="kernel backend (default: triton on a GPU, torch on a CPU)")
     p.add_argument("--device", default="cuda" if gpu else "cpu", help="cpu, cuda or cuda:N (default: cuda if present)")
     p.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="default: float32 on CPU, bfloat16 on GPU")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="replay decoding steps from CUDA graphs (needs --device cuda and --kernel triton; "
+                        "models/graphs.py)")
 
 
 def add_decoding_flags(p: argparse.ArgumentParser) -> None:
@@ -73,6 +76,9 @@ def check(args: argparse.Namespace) -> None:
     gpu = dev.startswith("cuda")
     args.kernel = args.kernel or ("triton" if gpu else "torch")
     args.dtype = args.dtype or ("bfloat16" if gpu else "float32")
+    if getattr(args, "cuda_graphs", False) and not (gpu and args.kernel == "triton"):
+        raise ValueError(f"--cuda-graphs needs --device cuda and --kernel triton, got --device {dev} "
+                         f"--kernel {args.kernel}")
     try:
         SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     except ValueError as e:

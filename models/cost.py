@@ -115,6 +115,7 @@ def _key(model, context: int) -> dict:
     tables = json.dumps([p.table for p in plans if p is not None])
     return {"version": VERSION, "device": device_name(model.device), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "dtype": str(model.dtype), "backend": model.backend.name, "context": context,
+            "cuda_graphs": getattr(model, "step_graphs", None) is not None,
             "shape": [cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads,
                       cfg.num_kv_heads, cfg.head_dim],
             "products": hashlib.sha256(tables.encode()).hexdigest()[:16],
@@ -241,7 +242,7 @@ def measure_step_cost(model, context: int = 256, reps: int = 3) -> StepCost:
         """Time one forward of ``inputs``; keep the fastest over the rounds."""
         tokens, meta, idx = runner.prepare(inputs)
         t = time.perf_counter()
-        model(tokens, meta, runner.cache.k, runner.cache.v, idx)
+        runner.forward(tokens, meta, idx)  # from a CUDA graph where the model replays them
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         best[key] = min(best.get(key, float("inf")), (time.perf_counter() - t) * 1e3)
@@ -311,7 +312,7 @@ def probe_step_cost(model, context: int = 256, tokens: tuple[int, ...] = CHECK_T
                 start = time.perf_counter()
             for T, (toks, meta, idx) in steps.items():
                 t = time.perf_counter()
-                model(toks, meta, runner.cache.k, runner.cache.v, idx)
+                runner.forward(toks, meta, idx)
                 if model.device.type == "cuda":
                     torch.cuda.synchronize(model.device)
                 if r:  # round 0 warms up

@@ -134,6 +134,11 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
+    # CUDA-graph replay of decoding steps (models/graphs.py: use_cuda_graphs): its options, and
+    # the runner ModelRunner.for_batch hands out again; None = off
+    step_graphs: Optional[dict] = None
+    shared_runner = None
+
     def __init__(self, cfg: ModelConfig, backend: Backend):
         super().__init__()
         self.cfg, self.backend = cfg, backend

@@ -30,20 +30,44 @@ class StepInput:
 
 
 class ModelRunner:
-    def __init__(self, model: Transformer, cache_tokens: int = 8192, block_size: int = 16):
+    def __init__(self, model: Transformer, cache_tokens: int = 8192, block_size: int = 16,
+                 graphs: Optional[bool] = None):
+        """``graphs``: replay steps from CUDA graphs (models/graphs.py); None = as the model was
+        set up (``models.graphs.use_cuda_graphs``), off by default."""
         if cache_tokens < block_size:
             raise ValueError(f"cache_tokens must be >= block_size ({block_size}), got {cache_tokens}")
         self.model = model
         self.cfg = model.cfg
         self.device = model.device
         self.cache = PagedKVCache(model.cfg, -(-cache_tokens // block_size), block_size, model.dtype, self.device)
+        options = getattr(model, "step_graphs", None)
+        if graphs is None:
+            graphs = options is not None
+        self.graphs = None
+        if graphs:
+            from models.graphs import StepGraphs
+            self.graphs = StepGraphs(model, self.cache, **(options or {}))
 
     @classmethod
     def for_batch(cls, model: Transformer, prompts: list[list[int]], max_new_tokens: int,
                   max_step_tokens: int = 256, block_size: int = 16) -> "ModelRunner":
-        """A runner whose cache fits the batch in the worst case, so generation cannot run out."""
+        """A runner whose cache fits the batch in the worst case, so generation cannot run out.
+        With CUDA graphs on (``models.graphs.use_cuda_graphs``) the model keeps one such runner
+        and hands it out again while it holds no sequence and is large enough (its graphs
+        point at its cache); a larger one replaces it, at least twice its size."""
         need = sum(-(-(len(p) + max_new_tokens + max_step_tokens) // block_size) for p in prompts)
-        return cls(model, cache_tokens=need * block_size, block_size=block_size)
+        if getattr(model, "step_graphs", None) is None:
+            return cls(model, cache_tokens=need * block_size, block_size=block_size)
+        shared = getattr(model, "shared_runner", None)
+        if shared is not None and shared.cache.block_size == block_size and not shared.seq_ids \
+                and shared.cache.num_blocks >= need:
+            return shared
+        if shared is not None and shared.seq_ids:  # in use (nested generate): a runner of its own
+            return cls(model, cache_tokens=need * block_size, block_size=block_size)
+        blocks = max(need, 2 * shared.cache.num_blocks) if shared is not None else need
+        model.shared_runner = None  # free the old cache and graphs before allocating the new ones
+        model.shared_runner = cls(model, cache_tokens=blocks * block_size, block_size=block_size)
+        return model.shared_runner
 
     @property
     def max_context(self) -> int:
@@ -105,14 +129,22 @@ class ModelRunner:
     @torch.inference_mode()
     def step(self, inputs: list[StepInput]) -> list[torch.Tensor]:
         """One forward for all ``inputs``; returns per input its logits rows (R_b, vocab) fp32."""
-        tokens, meta, idx = self.prepare(inputs)
-        logits = self.model(tokens, meta, self.cache.k, self.cache.v, idx)
+        logits = self.forward(*self.prepare(inputs))
         out, start = [], 0
         for inp in inputs:
             r = len(inp.tokens) if inp.logits_rows is None else len(inp.logits_rows)
             out.append(logits[start:start + r])
             start += r
         return out
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, meta: StepMeta, idx: Optional[torch.Tensor]) -> torch.Tensor:
+        """The forward of a prepared step (``prepare``): replayed from a CUDA graph where this
+        runner has them and the step fits one, else eager. Logits (R, vocab) fp32."""
+        logits = self.graphs.run(tokens, meta, idx) if self.graphs is not None else None
+        if logits is None:
+            logits = self.model(tokens, meta, self.cache.k, self.cache.v, idx)
+        return logits
 
     def prepare(self, inputs: list[StepInput]) -> tuple[torch.Tensor, StepMeta, Optional[torch.Tensor]]:
         """Check ``inputs``, reserve cache room for them and pack them into the model's

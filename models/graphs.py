@@ -1,0 +1,205 @@
+"""Decoding steps replayed from CUDA graphs.
+
+On a GPU an eager forward of a small model is all host work: about 25 small ops per layer,
+each 15-40 us to issue, while the GPU computes the whole step in about 2 ms (SmolLM2-135M on
+an H100, README "First GPU run"). A CUDA graph records one forward's launches once and replays
+them with a single call. A graph's shapes and pointers are fixed, so each step is padded to a
+bucketed shape and copied into that shape's static input tensors:
+
+  * step rows to the next power of two; the padded rows belong to no sequence (they lie past
+    ``cu_seqlens_q[-1]``), write no K/V (slot -1), attend to nothing and are never returned;
+    a row's result does not depend on the other rows of a product, so they change nothing;
+  * the batch to the next power of two with empty sequences (no tokens, no context);
+  * block-table columns to the next power of two (-1 past a sequence's blocks);
+  * ``max_seqlen_q`` to the next power of two (the kernel only needs an upper bound);
+  * the logits rows to the next power of two (row 0 repeated), the mask words kept as they are.
+
+The key of a graph is that padded shape; graphs are captured on first use (the step runs once
+eagerly first: Triton compiles outside the capture) and kept, least recently used first out,
+up to ``max_graphs``, all in one memory pool. Steps larger than ``max_tokens`` rows or
+``max_batch`` sequences (prefill chunks) run eagerly. A graph also fixes the cache's address,
+so one ``StepGraphs`` serves one ``PagedKVCache``: ``use_cuda_graphs`` makes
+``ModelRunner.for_batch`` keep one runner per model and reuse it while it is free and large
+enough, so that every ``generate`` call does not capture its graphs again.
+
+Only the Triton backend is captured (the torch backend plans each step on the host).
+``capture=False`` runs the same padded step eagerly: that is how the padding is tested without
+a GPU (tests/test_graphs.py).
+"""
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from kernels.backend import StepMeta
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """A step's padded shape: what one graph is captured for."""
+
+    rows: int  # step rows (tokens of every sequence)
+    batch: int  # sequences
+    width: int  # block-table columns
+    max_q: int  # max_seqlen_q handed to attention
+    words: int  # mask words per row, 0 = no mask
+    causal: bool  # per-sequence causal flags given (with a mask)
+    logits: int  # logits rows
+
+
+class _Graph:
+    """One shape's static inputs, and its graph and static output once captured."""
+
+    def __init__(self, shape: StepShape, device: torch.device):
+        s, dev = shape, device
+        self.tokens = torch.zeros(s.rows, dtype=torch.int64, device=dev)
+        self.meta = StepMeta(
+            cu_seqlens_q=torch.zeros(s.batch + 1, dtype=torch.int32, device=dev),
+            positions=torch.zeros(s.rows, dtype=torch.int32, device=dev),
+            block_tables=torch.full((s.batch, s.width), -1, dtype=torch.int32, device=dev),
+            context_lens=torch.zeros(s.batch, dtype=torch.int32, device=dev),
+            slot_mapping=torch.full((s.rows,), -1, dtype=torch.int64, device=dev),
+            max_seqlen_q=s.max_q,
+            mask=torch.zeros(s.rows, s.words, dtype=torch.int32, device=dev) if s.words else None,
+            causal=torch.ones(s.batch, dtype=torch.bool, device=dev) if s.causal else None,
+        )
+        self.idx = torch.zeros(s.logits, dtype=torch.int64, device=dev)
+        self.graph: Optional["torch.cuda.CUDAGraph"] = None
+        self.out: Optional[torch.Tensor] = None
+
+
+class StepGraphs:
+    """Runs ``model(tokens, meta, cache.k, cache.v, logits_idx)`` from CUDA graphs.
+
+    ``run`` returns the logits (R, vocab) of a step, or None when the step is too large for a
+    graph (the caller runs it eagerly). ``stats``: captures, replays and eager fallbacks."""
+
+    def __init__(self, model, cache, *, max_tokens: int = 256, max_batch: int = 64, max_graphs: int = 96,
+                 capture: Optional[bool] = None):
+        if model.backend.name != "triton":
+            raise ValueError(f"cuda graphs need the triton kernel backend (the {model.backend.name!r} backend "
+                             "works out each step on the host); use --kernel triton")
+        device = cache.k.device
+        capture = device.type == "cuda" if capture is None else capture
+        if capture and device.type != "cuda":
+            raise ValueError(f"cuda graphs need a CUDA device, the cache is on {device}")
+        for name, v, lo in (("max_tokens", max_tokens, 1), ("max_batch", max_batch, 1), ("max_graphs", max_graphs, 1)):
+            if not isinstance(v, int) or v < lo:
+                raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+        self.model, self.cache, self.device, self.capture = model, cache, device, capture
+        self.max_tokens, self.max_batch, self.max_graphs = max_tokens, max_batch, max_graphs
+        self.graphs: "OrderedDict[StepShape, _Graph]" = OrderedDict()
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.stats = dict(captures=0, replays=0, eager=0)
+
+    def shape_of(self, tokens: torch.Tensor, meta: StepMeta, idx: Optional[torch.Tensor]) -> Optional[StepShape]:
+        T, B = tokens.numel(), meta.cu_seqlens_q.numel() - 1
+        if T > self.max_tokens or B > self.max_batch or B < 1:
+            return None
+        rows = _pow2(T)
+        return StepShape(rows=rows, batch=_pow2(B), width=_pow2(meta.block_tables.shape[1]),
+                         max_q=min(rows, _pow2(meta.max_seqlen_q)),
+                         words=0 if meta.mask is None else meta.mask.shape[1], causal=meta.causal is not None,
+                         logits=_pow2(T if idx is None else idx.numel()))
+
+    def run(self, tokens: torch.Tensor, meta: StepMeta, idx: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        shape = self.shape_of(tokens, meta, idx)
+        if shape is None:
+            self.stats["eager"] += 1
+            return None
+        g = self.graphs.get(shape)
+        if g is None:
+            g = _Graph(shape, self.device)
+        else:
+            self.graphs.move_to_end(shape)
+        self._fill(g, tokens, meta, idx)
+        if not self.capture:  # the same padded step, eagerly (tests without a GPU)
+            out = self._forward(g)
+            self.graphs[shape] = g
+            self._evict()
+        elif g.graph is None:
+            self._capture(g)
+            self.graphs[shape] = g
+            self._evict()
+            out = g.out
+        else:
+            g.graph.replay()
+            self.stats["replays"] += 1
+            out = g.out
+        R = tokens.numel() if idx is None else idx.numel()
+        return out[:R].clone()  # the static output is rewritten by the next replay
+
+    def _forward(self, g: _Graph) -> torch.Tensor:
+        return self.model(g.tokens, g.meta, self.cache.k, self.cache.v, g.idx)
+
+    def _fill(self, g: _Graph, tokens, meta: StepMeta, idx) -> None:
+        """Copy a step into ``g``'s static inputs, padding as the module docstring says."""
+        T, B = tokens.numel(), meta.cu_seqlens_q.numel() - 1
+        m, gm = meta, g.meta
+        g.tokens[:T].copy_(tokens)
+        gm.positions[:T].copy_(m.positions)
+        gm.slot_mapping[:T].copy_(m.slot_mapping)
+        if T < g.tokens.numel():  # earlier steps of this shape may have used more rows
+            g.tokens[T:].zero_()
+            gm.positions[T:].zero_()
+            gm.slot_mapping[T:].fill_(-1)
+        gm.cu_seqlens_q[:B + 1].copy_(m.cu_seqlens_q)
+        gm.cu_seqlens_q[B + 1:].fill_(T)
+        gm.context_lens[:B].copy_(m.context_lens)
+        gm.context_lens[B:].zero_()
+        W = m.block_tables.shape[1]
+        gm.block_tables.fill_(-1)
+        gm.block_tables[:B, :W].copy_(m.block_tables)
+        if gm.mask is not None:
+            gm.mask[:T].copy_(m.mask)
+            gm.mask[T:].zero_()
+        if gm.causal is not None:
+            gm.causal[:B].copy_(m.causal)
+            gm.causal[B:].fill_(True)
+        R = T if idx is None else idx.numel()
+        if idx is None:
+            torch.arange(T, out=g.idx[:T])
+        else:
+            g.idx[:R].copy_(idx)
+        g.idx[R:].zero_()
+
+    def _capture(self, g: _Graph) -> None:
+        cur = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(cur)
+        with torch.cuda.stream(side):
+            self._forward(g)  # compiles the Triton kernels and warms cuBLAS outside the capture
+        cur.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            g.out = self._forward(g)
+        g.graph = graph
+        graph.replay()  # the capture only recorded: this computes the step
+        self.stats["captures"] += 1
+
+    def _evict(self) -> None:
+        while len(self.graphs) > self.max_graphs:
+            self.graphs.popitem(last=False)
+
+
+def use_cuda_graphs(model, enable: bool = True, **options) -> None:
+    """Switch a model's decoding steps to CUDA-graph replay (``options``: those of
+    ``StepGraphs``). Every ``ModelRunner`` made for the model afterwards replays its steps, and
+    ``ModelRunner.for_batch`` reuses one runner (and so its graphs) while it is free and large
+    enough. Checks the device and the backend now, before anything is captured."""
+    if not enable:
+        model.step_graphs, model.shared_runner = None, None
+        return
+    if model.backend.name != "triton":
+        raise ValueError(f"cuda graphs need the triton kernel backend, the model runs {model.backend.name!r}; "
+                         "use --kernel triton")
+    options = {"capture": True, **options}  # capture=False: the padded steps run eagerly (tests)
+    if options["capture"] and model.device.type != "cuda":
+        raise ValueError(f"cuda graphs need a CUDA device, the model is on {model.device}; use --device cuda")
+    model.step_graphs, model.shared_runner = options, None
