@@ -39,6 +39,7 @@ import triton  # noqa: E402
 from kernels.kv_ops import kv_compact, kv_compact_ref, kv_store, kv_store_ref  # noqa: E402
 from kernels.mask import pack_mask  # noqa: E402
 from kernels.ngram_match import ngram_match, ngram_match_lists, ngram_match_ref  # noqa: E402
+from kernels.norm import rms_norm, rms_norm_ref  # noqa: E402
 from kernels.tree_attention import tree_attention, tree_attention_ref  # noqa: E402
 
 # (B, prefix C, step T, rule) per attention case; heads (H, n_kv, D); others per kernel.
@@ -47,6 +48,7 @@ SIZES = {
         heads=(32, 8, 128), block_size=16,
         ngram=dict(B=64, L_min=1024, L_max=8192),
         kv_store=dict(T=512), kv_compact=dict(layers=32, B=32, A=8, C=500),
+        rms_norm=[(1, 4096), (64, 4096), (4096, 4096)],  # (rows, hidden): decode, a tree step, prefill
         # The last field forces num_kv_splits (None = the launcher's occupancy heuristic).
         attention=[("decode", 16, 4096, 1, "causal", None), ("decode", 4, 16384, 1, "causal", None),
                    ("decode, no split-KV", 4, 16384, 1, "causal", 1),
@@ -56,6 +58,7 @@ SIZES = {
         heads=(4, 2, 64), block_size=16,
         ngram=dict(B=4, L_min=64, L_max=256),
         kv_store=dict(T=16), kv_compact=dict(layers=2, B=4, A=4, C=40),
+        rms_norm=[(1, 64), (5, 96)],
         attention=[("decode", 2, 256, 1, "causal", None), ("decode, 3 KV splits", 2, 256, 1, "causal", 3),
                    ("tree", 2, 128, 16, "tree", None), ("prefill", 1, 0, 64, "causal", None)],
     ),
@@ -278,6 +281,26 @@ def bench_kv_compact(sz, heads, block_size, dtype, device, g, time_fn):
                 ref=time_fn(lambda: kv_compact_ref(kc, vc, bt, ctx, idx, counts)), gbps=moved / (t * 1e-3) / 1e9)
 
 
+def bench_rms_norm(rows_n, dtype, device, g, time_fn):
+    rows, n = rows_n
+    x = torch.randn(rows, n, generator=g).to(dtype=dtype, device=device)
+    r = torch.randn(rows, n, generator=g).to(dtype=dtype, device=device)
+    w = (torch.randn(n, generator=g) + 1).to(dtype=dtype, device=device)
+    h, out = rms_norm(x, w, 1e-5, residual=r)
+    h_ref, out_ref = rms_norm_ref(x, w, 1e-5, residual=r)
+    err = (out.float() - out_ref.float()).abs().max().item()
+    # relative: a 16-bit result may differ by a rounding step of the normalised row and one of
+    # the product (the CPU interpreter truncates bf16 instead of rounding)
+    rtol = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}[dtype]
+    if not (torch.equal(h, h_ref) or (dtype == torch.bfloat16 and device.type != "cuda")) or \
+            not torch.allclose(out.float(), out_ref.float(), rtol=rtol, atol=1e-5):
+        raise AssertionError(f"rms_norm disagrees with the reference (max error {err:.3g}, rtol {rtol})")
+    t = time_fn(lambda: rms_norm(x, w, 1e-5, residual=r))
+    moved = 4 * rows * n * x.element_size()  # x and residual read, sum and output written
+    return dict(kernel="rms_norm", case=f"{rows} rows x {n}, residual add", err=err, triton=t,
+                ref=time_fn(lambda: rms_norm_ref(x, w, 1e-5, residual=r)), gbps=moved / (t * 1e-3) / 1e9)
+
+
 # ---- report ---------------------------------------------------------------------------------
 
 def fmt(x, spec):
@@ -328,6 +351,7 @@ def main(argv=None) -> None:
     rows = [bench_ngram(sz["ngram"], device, g, time_fn),
             bench_kv_store(sz["kv_store"], sz["heads"], sz["block_size"], dtype, device, g, time_fn),
             bench_kv_compact(sz["kv_compact"], sz["heads"], sz["block_size"], dtype, device, g, time_fn)]
+    rows += [bench_rms_norm(rn, dtype, device, g, time_fn) for rn in sz["rms_norm"]]
     for name, B, C, T, rule, splits in sz["attention"]:
         rows.append(bench_attention(name, [(C, T, rule)] * B, splits, sz, dtype, device, g, time_fn))
     print_table(rows, gpu)

@@ -51,6 +51,9 @@ class Backend(abc.ABC):
 
     # True: ``ngram_match_lists`` searches the host's lists itself (no device mirror helps it)
     searches_on_host = False
+    # True: the model normalises with ``kernels.norm.rms_norm`` (one launch per RMSNorm, the
+    # residual add before the second norm of a layer included) instead of torch ops
+    fused_norms = False
 
     def ngram_match_lists(self, histories: list[list[int]], device="cpu", **kw) -> list[list[list[int]]]:
         """``ngram_match`` for histories held as lists: they go to ``device`` in one tensor, the
@@ -112,6 +115,11 @@ class TritonBackend(Backend):
     must be switched on (TRITON_INTERPRET=1) before ``kernels`` is first imported."""
 
     name = "triton"
+
+    def __init__(self):
+        # On a GPU the norms are one launch each; under the CPU interpreter the torch ops are
+        # far cheaper (tests switch it on to check the fused forward there)
+        self.fused_norms = not triton_interpreted()
 
     def attention(self, q, k_cache, v_cache, meta, scale, sliding_window, plan=None):
         return attn_mod.tree_attention(

@@ -15,6 +15,7 @@ from torch import nn
 
 from kernels import skinny
 from kernels.backend import Backend, StepMeta
+from kernels.norm import rms_norm as fused_rms_norm
 from kernels.torch_plan import StepPlan
 from models.config import ModelConfig
 from models.linear import Linear, ProductPlan, bucket, product
@@ -123,14 +124,19 @@ class Block(nn.Module):
 
     def forward(self, h, cos, sin, meta: StepMeta, k_cache, v_cache, backend: Backend, window, plan=None):
         T = h.shape[0]  # h: (T, d)
-        qkv = self.wqkv(rms_norm(h, self.attn_norm, self.eps))
+        fused = backend.fused_norms  # one launch per norm, the residual add with the second
+        qkv = self.wqkv(fused_rms_norm(h, self.attn_norm, self.eps) if fused else rms_norm(h, self.attn_norm, self.eps))
         H, KV, D = self.n_heads, self.n_kv, self.head_dim
         q, k = rope_qk(qkv, H, KV, D, cos, sin)  # (T, H, D), (T, KV, D)
         v = qkv[:, (H + KV) * D:].view(T, KV, D)
         backend.kv_store(k_cache, v_cache, k, v, meta.slot_mapping, plan)
         o = backend.attention(q, k_cache, v_cache, meta, D**-0.5, window, plan)
-        h = h + self.wo(o.reshape(T, -1))
-        return h + self.w_down(silu_mul(self.w_gate_up(rms_norm(h, self.mlp_norm, self.eps))))
+        if fused:
+            h, x = fused_rms_norm(h, self.mlp_norm, self.eps, residual=self.wo(o.reshape(T, -1)))
+        else:
+            h = h + self.wo(o.reshape(T, -1))
+            x = rms_norm(h, self.mlp_norm, self.eps)
+        return h + self.w_down(silu_mul(self.w_gate_up(x)))
 
 
 class Transformer(nn.Module):
@@ -179,7 +185,8 @@ class Transformer(nn.Module):
                 h = layer(h, cos, sin, meta, k_cache[i], v_cache[i], self.backend, window, plan)
         if logits_idx is not None:
             h = h[logits_idx]
-        h = rms_norm(h, self.norm, self.cfg.rms_norm_eps)
+        eps = self.cfg.rms_norm_eps
+        h = fused_rms_norm(h, self.norm, eps) if self.backend.fused_norms else rms_norm(h, self.norm, eps)
         return product(h, self.head_weight, None, self.head_plan).float()
 
     def _whole_stack(self, h, meta: StepMeta, plan, k_cache, v_cache, cos, sin) -> bool:
