@@ -134,6 +134,7 @@ def header(args, device_name: str, memory_kind: str) -> dict:
                       else "measured step cost")
             + ("; fixed: the host's time per step is not learned, plans are reproducible)" if args.fixed_plan
                else "; the host's time per step learned from the wall clock)")),
+        "cuda graphs": "on (models/graphs.py)" if getattr(args, "cuda_graphs", False) else "off",
         "versions": f"python {platform.python_version()}, torch {torch.__version__}, triton {triton.__version__}, "
                     f"transformers {transformers.__version__}",
     }
@@ -188,6 +189,11 @@ def main(argv=None) -> int:
                                    "long_ms": cost.long_ms, "origin": cost.origin}
         print(f"step cost: {head['step cost']}", flush=True)
     results = bench.run(records)
+    shared = getattr(bench.model, "shared_runner", None)
+    if shared is not None and shared.graphs is not None:  # what the graphs did (the decoding runs' runner)
+        head["cuda graphs"] = ("on: " + ", ".join(f"{k} {v}" for k, v in shared.graphs.stats.items())
+                               + (f"; a capture failed, eager since: {shared.graphs.failed}" if shared.graphs.failed
+                                  else ""))
 
     args.out.mkdir(parents=True, exist_ok=True)
     if bench.skipped:

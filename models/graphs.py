@@ -27,6 +27,7 @@ Only the Triton backend is captured (the torch backend plans each step on the ho
 a GPU (tests/test_graphs.py).
 """
 
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional
@@ -97,6 +98,7 @@ class StepGraphs:
         self.graphs: "OrderedDict[StepShape, _Graph]" = OrderedDict()
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.stats = dict(captures=0, replays=0, eager=0)
+        self.failed: Optional[str] = None  # why a capture failed (then every step runs eagerly)
 
     def shape_of(self, tokens: torch.Tensor, meta: StepMeta, idx: Optional[torch.Tensor]) -> Optional[StepShape]:
         T, B = tokens.numel(), meta.cu_seqlens_q.numel() - 1
@@ -124,7 +126,15 @@ class StepGraphs:
             self.graphs[shape] = g
             self._evict()
         elif g.graph is None:
-            self._capture(g)
+            try:
+                self._capture(g)
+            except Exception as e:  # noqa: BLE001 -- whatever failed, the eager forward still works
+                warnings.warn(f"CUDA graph capture failed for {shape} ({type(e).__name__}: {e}); this runner's "
+                              "steps run eagerly from now on")
+                self.failed = f"{type(e).__name__}: {e}"
+                self.max_tokens = 0  # nothing fits a graph any more
+                self.stats["eager"] += 1
+                return None
             self.graphs[shape] = g
             self._evict()
             out = g.out

@@ -154,6 +154,23 @@ def test_shared_runner_grows_and_is_not_handed_out_while_in_use(tiny_triton):
     assert plain.graphs is None
 
 
+def test_a_failed_capture_falls_back_to_eager_steps(tiny_triton, monkeypatch):
+    runner = _runner(tiny_triton, True)
+    g = runner.graphs
+    g.capture = True  # as on a GPU, with a capture that fails
+
+    def broken(graph):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(g, "_capture", broken)
+    eager = _runner(tiny_triton, False)
+    step = [StepInput(0, [3])]
+    with pytest.warns(UserWarning, match="capture failed"):
+        got = runner.step(step)[0]
+    torch.testing.assert_close(got, eager.step(step)[0], rtol=1e-5, atol=1e-5)
+    assert g.failed.startswith("RuntimeError") and g.run(*runner.prepare(step)) is None  # eager from now on
+
+
 def test_bad_graph_setups_are_refused_clearly():
     torch_model = ours_from_hf(tiny_hf_model("llama", seed=3), kernel="torch").model
     with pytest.raises(ValueError, match="triton kernel backend"):
