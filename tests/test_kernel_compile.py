@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent("""
     import torch, triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from kernels import kv_ops, ngram_match as ng, tree_attention as ta
+    from kernels import kv_ops, ngram_match as ng, norm, tree_attention as ta
 
     def compile_(fn, types, constexprs, target, num_warps=4):
         sig = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
@@ -61,6 +61,9 @@ SCRIPT = textwrap.dedent("""
             compile_(kv_ops._kv_compact_kernel, {"k_cache_ptr": "*" + dt, "v_cache_ptr": "*" + dt,
                      **{n: "*i32" for n in ("block_tables_ptr", "context_lens_ptr", "accept_idx_ptr",
                                             "accept_counts_ptr")}}, dict(BLOCK=512), target)
+        for dt, res, block in (("fp32", False, 1024), ("bf16", True, 4096), ("fp16", True, 64)):
+            compile_(norm._rms_norm_kernel, {n: "*" + dt for n in ("x_ptr", "res_ptr", "w_ptr", "out_ptr", "h_ptr")}
+                     | {"eps": "fp32"}, dict(HAS_RES=res, BLOCK=block), target, 8 if block > 2048 else 4)
         ng_cases = itertools.product(("*i32", "*i64"), (1, 3), (False, True), (False, True)) if full else [
             ("*i64", 1, False, False), ("*i32", 3, True, True)]
         for it, nc, recent, partial in ng_cases:
