@@ -5,13 +5,14 @@
 #
 # GGUF defaults to /tmp/m/smollm2.gguf (copied there beforehand: a GPU box may have no index), OUTDIR to
 # $OUT (the device tool's return folder) or out/gpu, STEPS to "tests,kernels,speed,e2e" (any comma
-# subset, run in that order; "graphs" is not in the default list). Needs the `gguf` wheel (GGUF reading, ours and transformers') and
+# subset, run in that order; "graphs" and "profile" are not in the default list). Needs the `gguf` wheel (GGUF reading, ours and transformers') and
 # `hypothesis` (the n-gram kernel's property tests) importable there. Each step writes its own
 # log, so a step that fails or runs out of time does not lose the others:
 #   tests    the Triton kernels' unit tests, run natively on the GPU against their references
 #   kernels  kernel microbenchmarks (Triton vs torch reference, FlexAttention, SDPA)
 #   speed    model speed at Mistral-7B shapes, bf16: decode bandwidth, step-cost curve
 #   graphs   model speed with steps replayed from CUDA graphs (--cuda-graphs), SmolLM2 and 7B shapes
+#   profile  one SmolLM2-shape step profiled: host / device ms and launches, eager and replayed
 #   e2e      end to end on the real default model with Triton kernels, beside transformers
 set -u
 GGUF=${1:-/tmp/m/smollm2.gguf}
@@ -52,6 +53,12 @@ if step graphs; then
         stamp "graphs $shape: rc $?"
     done
 fi
+if step profile; then
+    stamp "profile: start"
+    timeout "${PROFILE_S:-90}" python bench/profile_step.py --shape smollm2-135m --cuda-graphs --out "$DIR/profile" \
+        > "$DIR/profile.md" 2>> "$LOG"
+    stamp "profile: rc $?"
+fi
 if step e2e; then
     if [ -f "$GGUF" ]; then
         stamp "e2e: start"
@@ -64,4 +71,4 @@ if step e2e; then
         stamp "e2e: skipped, no model at $GGUF"
     fi
 fi
-cat "$DIR/kernels.md" "$DIR/speed/model_speed.md" "$DIR"/graphs_*/model_speed.md "$DIR/e2e/results.md" 2>/dev/null
+cat "$DIR/kernels.md" "$DIR/speed/model_speed.md" "$DIR"/graphs_*/model_speed.md "$DIR/profile.md" "$DIR/e2e/results.md" 2>/dev/null

@@ -83,3 +83,19 @@ def test_bad_arguments_are_rejected():
         main(["--shape", "tiny", "--step-tokens", "2048"])
     with pytest.raises(SystemExit):
         main(["--shape", "tiny", "--copy-mb", "0"])
+
+
+def test_profile_step_runs_and_counts_per_forward(tmp_path):
+    """bench/profile_step.py on a tiny shape (host time only on a CPU): one row per profiled run,
+    the busiest ops listed, the JSON written; bad flags are refused."""
+    from bench import profile_step
+
+    res = profile_step.main(["--shape", "tiny", "--steps", "2", "--tokens", "3", "--batch", "2", "--context", "16",
+                             "--top", "4", "--out", str(tmp_path)])
+    row = res["rows"]["eager forward"]
+    assert list(res["rows"]) == ["eager forward"] and row["host_ms"] > 0 and len(row["top"]) == 4
+    assert any(t["op"] == "aten::mm" or t["op"] == "aten::linear" for t in row["top"])
+    assert (tmp_path / "profile_step.json").is_file()
+    for bad in (["--tokens", "0"], ["--cuda-graphs"] if not torch.cuda.is_available() else ["--steps", "0"]):
+        with pytest.raises(SystemExit):
+            profile_step.parse_args(bad)
