@@ -31,7 +31,8 @@ stamp() { echo "$(date +%T) $*" | tee -a "$LOG"; }
 if step tests; then
     stamp "tests: start"
     timeout "${TESTS_S:-240}" python -m pytest -q -p no:cacheprovider tests/test_kernel_ngram_match.py \
-        tests/test_kernel_kv_ops.py tests/test_kernel_tree_attention.py tests/test_kernel_norm.py tests/test_graphs.py \
+        tests/test_kernel_kv_ops.py tests/test_kernel_tree_attention.py tests/test_kernel_norm.py \
+        tests/test_kernel_elementwise.py tests/test_graphs.py \
         tests/test_kernel_compile.py > "$DIR/kernel_tests.txt" 2>&1
     stamp "tests: rc $? ($(tail -1 "$DIR/kernel_tests.txt"))"
 fi

@@ -51,9 +51,10 @@ class Backend(abc.ABC):
 
     # True: ``ngram_match_lists`` searches the host's lists itself (no device mirror helps it)
     searches_on_host = False
-    # True: the model normalises with ``kernels.norm.rms_norm`` (one launch per RMSNorm, the
-    # residual add before the second norm of a layer included) instead of torch ops
-    fused_norms = False
+    # True: the model's small steps are one launch each instead of several torch ops: every
+    # RMSNorm (``kernels.norm``, the residual add before a layer's second norm included), RoPE
+    # and silu * up (``kernels.elementwise``)
+    fused_ops = False
 
     def ngram_match_lists(self, histories: list[list[int]], device="cpu", **kw) -> list[list[list[int]]]:
         """``ngram_match`` for histories held as lists: they go to ``device`` in one tensor, the
@@ -117,9 +118,9 @@ class TritonBackend(Backend):
     name = "triton"
 
     def __init__(self):
-        # On a GPU the norms are one launch each; under the CPU interpreter the torch ops are
-        # far cheaper (tests switch it on to check the fused forward there)
-        self.fused_norms = not triton_interpreted()
+        # On a GPU the small steps are one launch each; under the CPU interpreter the torch ops
+        # are far cheaper (tests switch it on to check the fused forward there)
+        self.fused_ops = not triton_interpreted()
 
     def attention(self, q, k_cache, v_cache, meta, scale, sliding_window, plan=None):
         return attn_mod.tree_attention(

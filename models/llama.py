@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import skinny
+from kernels import elementwise, skinny
 from kernels.backend import Backend, StepMeta
 from kernels.norm import rms_norm as fused_rms_norm
 from kernels.torch_plan import StepPlan
@@ -75,8 +75,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """(T, 2I) gate and up fused -> silu(gate) * up (T, I)."""
+def silu_mul(gate_up: torch.Tensor, fused: bool = False) -> torch.Tensor:
+    """(T, 2I) gate and up fused -> silu(gate) * up (T, I). ``fused``: one Triton launch."""
+    if fused:
+        return elementwise.silu_mul(gate_up)
     if _skinny_ok(gate_up):
         return skinny.silu_mul_unchecked(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
@@ -97,10 +99,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.cat([x[..., half:], x[..., :half]], -1) * sin
 
 
-def rope_qk(qkv: torch.Tensor, H: int, KV: int, D: int, cos: torch.Tensor, sin: torch.Tensor):
+def rope_qk(qkv: torch.Tensor, H: int, KV: int, D: int, cos: torch.Tensor, sin: torch.Tensor, fused: bool = False):
     """q (T, H, D) and k (T, KV, D) of the fused qkv rows (T, (H + 2 KV) D), rotated. In fp32 on
-    CPU one C call rotates them in place (bit for bit ``apply_rope``), else ``apply_rope``."""
+    CPU one C call rotates them in place (bit for bit ``apply_rope``); ``fused``: one Triton
+    launch in place (the same roundings); else ``apply_rope``."""
     T = qkv.shape[0]
+    if fused:
+        elementwise.rope(qkv, cos.view(T, D), sin.view(T, D), H + KV, D)
+        return qkv[:, :H * D].view(T, H, D), qkv[:, H * D:(H + KV) * D].view(T, KV, D)
     if _skinny_ok(qkv) and D % 16 == 0 and cos.dtype == torch.float32 and cos.is_contiguous() and sin.is_contiguous():
         skinny.rope_unchecked(qkv, cos.view(T, D), sin.view(T, D), H + KV)
         return qkv[:, :H * D].view(T, H, D), qkv[:, H * D:(H + KV) * D].view(T, KV, D)
@@ -124,10 +130,10 @@ class Block(nn.Module):
 
     def forward(self, h, cos, sin, meta: StepMeta, k_cache, v_cache, backend: Backend, window, plan=None):
         T = h.shape[0]  # h: (T, d)
-        fused = backend.fused_norms  # one launch per norm, the residual add with the second
+        fused = backend.fused_ops  # one launch per norm (the residual add with the second), RoPE, silu * up
         qkv = self.wqkv(fused_rms_norm(h, self.attn_norm, self.eps) if fused else rms_norm(h, self.attn_norm, self.eps))
         H, KV, D = self.n_heads, self.n_kv, self.head_dim
-        q, k = rope_qk(qkv, H, KV, D, cos, sin)  # (T, H, D), (T, KV, D)
+        q, k = rope_qk(qkv, H, KV, D, cos, sin, fused)  # (T, H, D), (T, KV, D)
         v = qkv[:, (H + KV) * D:].view(T, KV, D)
         backend.kv_store(k_cache, v_cache, k, v, meta.slot_mapping, plan)
         o = backend.attention(q, k_cache, v_cache, meta, D**-0.5, window, plan)
@@ -136,7 +142,7 @@ class Block(nn.Module):
         else:
             h = h + self.wo(o.reshape(T, -1))
             x = rms_norm(h, self.mlp_norm, self.eps)
-        return h + self.w_down(silu_mul(self.w_gate_up(x)))
+        return h + self.w_down(silu_mul(self.w_gate_up(x), fused))
 
 
 class Transformer(nn.Module):
@@ -186,7 +192,7 @@ class Transformer(nn.Module):
         if logits_idx is not None:
             h = h[logits_idx]
         eps = self.cfg.rms_norm_eps
-        h = fused_rms_norm(h, self.norm, eps) if self.backend.fused_norms else rms_norm(h, self.norm, eps)
+        h = fused_rms_norm(h, self.norm, eps) if self.backend.fused_ops else rms_norm(h, self.norm, eps)
         return product(h, self.head_weight, None, self.head_plan).float()
 
     def _whole_stack(self, h, meta: StepMeta, plan, k_cache, v_cache, cos, sin) -> bool:

@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent("""
     import torch, triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from kernels import kv_ops, ngram_match as ng, norm, tree_attention as ta
+    from kernels import elementwise as ew, kv_ops, ngram_match as ng, norm, tree_attention as ta
 
     def compile_(fn, types, constexprs, target, num_warps=4):
         sig = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
@@ -64,6 +64,9 @@ SCRIPT = textwrap.dedent("""
         for dt, res, block in (("fp32", False, 1024), ("bf16", True, 4096), ("fp16", True, 64)):
             compile_(norm._rms_norm_kernel, {n: "*" + dt for n in ("x_ptr", "res_ptr", "w_ptr", "out_ptr", "h_ptr")}
                      | {"eps": "fp32"}, dict(HAS_RES=res, BLOCK=block), target, 8 if block > 2048 else 4)
+        for dt, block in (("fp32", 64), ("bf16", 32), ("fp16", 8)):
+            compile_(ew._rope_kernel, {n: "*" + dt for n in ("x_ptr", "cos_ptr", "sin_ptr")}, dict(BLOCK=block), target)
+            compile_(ew._silu_mul_kernel, {"gu_ptr": "*" + dt, "out_ptr": "*" + dt}, dict(BLOCK=1024), target)
         ng_cases = itertools.product(("*i32", "*i64"), (1, 3), (False, True), (False, True)) if full else [
             ("*i64", 1, False, False), ("*i32", 3, True, True)]
         for it, nc, recent, partial in ng_cases:

@@ -61,7 +61,7 @@ def test_bad_inputs(bad, match):
         rms_norm(args["x"], args["weight"], 1e-5, residual=args["residual"])
 
 
-def test_the_model_with_fused_norms_gives_the_same_logits_and_tokens():
+def test_the_model_with_fused_ops_gives_the_same_logits_and_tokens():
     """The forward with one launch per norm (what the Triton backend does on a GPU) against the
     torch ops, on a tiny model through the interpreter: logits, and greedy tokens of a method
     with tree steps."""
@@ -75,10 +75,10 @@ def test_the_model_with_fused_norms_gives_the_same_logits_and_tokens():
     assert isinstance(model.backend, TritonBackend)
     prompt = [5, 6, 7, 8, 5, 6, 7, 9, 1, 2, 3]
     outs, logits = {}, {}
-    saved = model.backend.fused_norms
+    saved = model.backend.fused_ops
     try:
         for fused in (False, True):
-            model.backend.fused_norms = fused
+            model.backend.fused_ops = fused
             from models.runner import ModelRunner, StepInput
             r = ModelRunner(model, cache_tokens=64, block_size=4)
             r.add_sequence(0)
@@ -86,6 +86,6 @@ def test_the_model_with_fused_norms_gives_the_same_logits_and_tokens():
             outs[fused] = generate(model, [prompt], make_proposer("lookahead+pld"), max_new_tokens=8,
                                    eos_token_ids=())[0].output_ids
     finally:
-        model.backend.fused_norms = saved
+        model.backend.fused_ops = saved
     torch.testing.assert_close(logits[True], logits[False], rtol=1e-5, atol=1e-5)
     assert outs[True] == outs[False]
