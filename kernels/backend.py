@@ -1,6 +1,7 @@
 """Kernel backend chosen once (``--kernel triton | torch``) and passed down explicitly."""
 
 import abc
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -118,9 +119,10 @@ class TritonBackend(Backend):
     name = "triton"
 
     def __init__(self):
-        # On a GPU the small steps are one launch each; under the CPU interpreter the torch ops
-        # are far cheaper (tests switch it on to check the fused forward there)
-        self.fused_ops = not triton_interpreted()
+        # On a GPU the small steps are one launch each (SPECDEC_FUSED=0: the torch ops); under
+        # the CPU interpreter the torch ops are far cheaper (tests switch it on to check the
+        # fused forward there)
+        self.fused_ops = not triton_interpreted() and os.environ.get("SPECDEC_FUSED", "1") != "0"
 
     def attention(self, q, k_cache, v_cache, meta, scale, sliding_window, plan=None):
         return attn_mod.tree_attention(

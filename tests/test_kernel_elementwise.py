@@ -78,3 +78,16 @@ def test_silu_mul_matches_ref(dtype, T, n):
 def test_bad_inputs(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_fused_ops_are_on_for_compiled_triton_unless_switched_off(monkeypatch):
+    import kernels.backend as kb
+
+    monkeypatch.setattr(kb, "triton_interpreted", lambda: False)  # as on a GPU
+    monkeypatch.delenv("SPECDEC_FUSED", raising=False)
+    assert kb.TritonBackend().fused_ops
+    monkeypatch.setenv("SPECDEC_FUSED", "0")
+    assert not kb.TritonBackend().fused_ops
+    monkeypatch.setattr(kb, "triton_interpreted", lambda: True)  # the CPU interpreter: torch ops
+    monkeypatch.delenv("SPECDEC_FUSED")
+    assert not kb.TritonBackend().fused_ops and not kb.TorchBackend().fused_ops
