@@ -66,7 +66,8 @@ def _silu_mul_kernel(gu_ptr, out_ptr, n, stride_gu, stride_o, BLOCK: tl.constexp
     tl.store(out_ptr + t * stride_o + e, (s.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=ok)
 
 
-def _check_rows(name: str, x) -> None:
+def check_rows(name: str, x) -> None:
+    """A 2-D float tensor contiguous along its rows (rows may be strided), or a ValueError naming it."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"{name} must be a 2-D tensor (rows, n), got {getattr(x, 'shape', x)}")
     if x.dtype not in _FLOAT_DTYPES:
@@ -77,7 +78,7 @@ def _check_rows(name: str, x) -> None:
 
 def rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, head_dim: int) -> None:
     """Triton version of ``rope_ref`` (same arguments, same result). Grid: (rows, heads)."""
-    _check_rows("qkv", qkv)
+    check_rows("qkv", qkv)
     T = qkv.shape[0]
     if not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
         raise ValueError(f"head_dim must be an even int >= 2, got {head_dim!r}")
@@ -97,7 +98,7 @@ def rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, he
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """Triton version of ``silu_mul_ref``. Grid: (rows, column blocks)."""
-    _check_rows("gate_up", gate_up)
+    check_rows("gate_up", gate_up)
     T, n2 = gate_up.shape
     if n2 % 2:
         raise ValueError(f"gate_up must have an even number of columns (gate and up), got {n2}")

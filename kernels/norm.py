@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+from kernels.elementwise import check_rows
+
 MAX_COLS = 65536  # one row in one program
 
 
@@ -57,12 +58,7 @@ def _rms_norm_kernel(
 
 
 def _check(x, weight, residual) -> None:
-    if not isinstance(x, torch.Tensor) or x.dim() != 2:
-        raise ValueError(f"x must be a 2-D tensor (rows, n), got {getattr(x, 'shape', x)}")
-    if x.dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"x must be float32, float16 or bfloat16, got {x.dtype}")
-    if x.stride(-1) != 1:
-        raise ValueError(f"x must be contiguous along its rows (stride(-1) == 1), got {x.stride()}")
+    check_rows("x", x)
     n = x.shape[1]
     if not 1 <= n <= MAX_COLS:
         raise ValueError(f"rows must have 1 .. {MAX_COLS} elements, got {n}")
