@@ -35,6 +35,7 @@ def test_user_prompt_file_with_compare_hf(tmp_path, capsys):
     data = json.loads((out / "results.json").read_text())
     assert len(data["header"]["skipped"]) == 1
     assert {"device", "dtype", "kernel", "model", "versions"} <= set(data["header"])
+    assert data["header"]["cuda graphs"] == "off"  # said either way (on: what the graphs did)
     origin = data["header"]["step_cost_curve"]["origin"]  # where the planner's curve came from
     assert origin == "measured" or origin.startswith(("cache (checked now: 1 tokens", "measured again (")), origin
     assert data["header"]["step cost"].endswith(origin)

@@ -99,3 +99,47 @@ def test_profile_step_runs_and_counts_per_forward(tmp_path):
     for bad in (["--tokens", "0"], ["--cuda-graphs"] if not torch.cuda.is_available() else ["--steps", "0"]):
         with pytest.raises(SystemExit):
             profile_step.parse_args(bad)
+
+
+def test_without_matplotlib_the_tables_are_written_and_no_chart(tmp_path, monkeypatch):
+    """A GPU machine set up with --no-deps has no matplotlib: a warning, no PNG, tables intact."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *a, **kw):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("no matplotlib here")
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    out = tmp_path / "speed"
+    with pytest.warns(UserWarning, match="matplotlib is not installed"):
+        main(["--shape", "tiny", "--quick", "--device", "cpu", "--kernel", "torch", "--out", str(out),
+              "--cache-dir", str(tmp_path / "cache"), "--batch", "1", "--step-tokens", "1", "--step-batch", "1"])
+    assert (out / "model_speed.md").is_file() and not (out / "step_cost.png").exists()
+    from bench.report import chart
+    with pytest.warns(UserWarning, match="matplotlib"):
+        assert chart([], ["ar"], ["qa"], tmp_path / "c.png") is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="refused only without a GPU")
+def test_cuda_graphs_flag_needs_a_gpu(capsys):
+    with pytest.raises(SystemExit):
+        main(["--shape", "tiny", "--cuda-graphs"])
+    assert "--cuda-graphs needs a CUDA device" in capsys.readouterr().err
+
+
+def test_the_step_cost_cache_key_records_cuda_graphs():
+    """A curve measured with graph replay is not reused for eager steps, nor the reverse."""
+    from models.cost import _key
+
+    model = random_model(ModelConfig(**SHAPES["tiny"]), get_backend("torch"), torch.float32, torch.device("cpu"))
+    eager = _key(model, 256)
+    model.step_graphs = {"capture": False}
+    try:
+        graphed = _key(model, 256)
+    finally:
+        model.step_graphs = None
+    assert eager["cuda_graphs"] is False and graphed["cuda_graphs"] is True
+    assert {k: v for k, v in eager.items() if k != "cuda_graphs"} == {k: v for k, v in graphed.items() if k != "cuda_graphs"}
