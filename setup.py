@@ -9,7 +9,7 @@ setup(
     license_files=["LICENSE"],
     python_requires=">=3.10",
     packages=["kernels", "models", "decoding", "bench", "bench.data"],
-    package_data={"bench.data": ["*.jsonl", "*.md", "*.txt"], "kernels": ["cpu/*.c", "cpu/*.h"]},  # C: built on first use
+    package_data={"bench.data": ["*.jsonl", "*.json", "*.md", "*.txt"], "kernels": ["cpu/*.c", "cpu/*.h"]},  # C: built on first use
     install_requires=[
         # CPU machines: install torch==2.13.0 first (a local CPU build); the range below then
         # installs nothing more. GPU machines keep their own torch.

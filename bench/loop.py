@@ -39,6 +39,10 @@ class Bench:
             for m in (self.model, self.draft):
                 if m is not None:
                     use_cuda_graphs(m)
+        self.emulation = None
+        if getattr(args, "emulate_curve", None) is not None:  # before the step cost: it is measured emulated
+            from models.cost import emulate_step_cost
+            self.emulation = emulate_step_cost(self.model, args.emulate_curve, source=str(args.emulate_cost))
         self.eos = tuple(cfg.eos_token_ids)
         self.sp = sampling_of(args)
         self.methods = list(args.methods)
@@ -53,6 +57,8 @@ class Bench:
         self.hf_methods = set(HF_METHODS) | {HF_ASSISTED}
         self.cost = None if args.no_plan else (args.step_cost_curve if args.step_cost_curve is not None
                                                else step_cost(self.model, DEFAULT_CACHE_DIR))
+        if self.emulation is not None:  # its counters then say what the decoding runs did
+            self.emulation.reset()
         self.skipped: list[str] = []
         self._encoded: dict[str, list[int]] = {}
 

@@ -49,6 +49,11 @@ def parse_args(argv=None):
                         "per round): median tokens/s and min-max (default 1)")
     p.add_argument("--out", type=Path, default=Path("bench/out"),
                    help="folder for results.json/.md, chart.png, accept_hist.png and answers_<method>.jsonl")
+    p.add_argument("--emulate-cost", type=Path, default=None, metavar="FILE",
+                   help="play the step-cost curve in FILE (a benchmark's OUT/step_cost.json; "
+                        "bench/data/step_cost_steep.json: this CPU in its steep state) on this machine: every forward "
+                        "of at most 64 step tokens sleeps until it has taken the curve's time (models.cost.Emulation; "
+                        "choose a curve slower than the machine); the planner then measures and plans with it")
     p.add_argument("--compare-hf", action="store_true",
                    help="also run transformers generate (hf, hf-pld with --pld's knobs, and hf-assisted with "
                         "--draft-model) on the same prompts with the same sampling settings")
@@ -66,6 +71,15 @@ def parse_args(argv=None):
     for m in ("draft", "draft+pld"):
         if m in args.methods and not args.draft_model:
             p.error(f"--methods {m} needs --draft-model (a smaller model with the same tokenizer)")
+    args.emulate_curve = None
+    if args.emulate_cost is not None:
+        if args.compare_hf:
+            p.error("--emulate-cost pads this project's forwards only, not transformers' generate: drop --compare-hf")
+        from models.cost import load_step_cost
+        try:
+            args.emulate_curve = load_step_cost(args.emulate_cost)
+        except ValueError as e:
+            p.error(f"--emulate-cost: {e}")
     if args.prompts is not None and not args.prompts.is_file():
         p.error(f"--prompts {args.prompts}: no such file")
     for name in ("batch_size", "limit", "max_new_tokens", "repeats"):
@@ -135,6 +149,7 @@ def header(args, device_name: str, memory_kind: str) -> dict:
             + ("; fixed: the host's time per step is not learned, plans are reproducible)" if args.fixed_plan
                else "; the host's time per step learned from the wall clock)")),
         "cuda graphs": "on (models/graphs.py)" if getattr(args, "cuda_graphs", False) else "off",
+        "emulated step cost": "off" if getattr(args, "emulate_cost", None) is None else f"{args.emulate_cost}",
         "versions": f"python {platform.python_version()}, torch {torch.__version__}, triton {triton.__version__}, "
                     f"transformers {transformers.__version__}",
     }
@@ -175,6 +190,9 @@ def main(argv=None) -> int:
     from models.tune import describe
 
     head["products"] = describe(bench.model)
+    if bench.emulation is not None:
+        head["emulated step cost"] = bench.emulation.describe()
+        print(f"emulated step cost: {head['emulated step cost']}", flush=True)
     if bench.cost is not None:
         cost = bench.cost
         head["step cost"] = (f"forward ms at T step tokens (batch 1, context {cost.context}): "
@@ -195,6 +213,8 @@ def main(argv=None) -> int:
                                + (f"; a capture failed, eager since: {shared.graphs.failed}" if shared.graphs.failed
                                   else ""))
 
+    if bench.emulation is not None:
+        head["emulated step cost"] += "; " + bench.emulation.stats()
     args.out.mkdir(parents=True, exist_ok=True)
     if bench.skipped:
         head["skipped"] = bench.skipped

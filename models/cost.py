@@ -34,7 +34,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -109,6 +109,97 @@ class StepCost:
         return self([tokens]) / self([1])
 
 
+@dataclass
+class Emulation:
+    """A slower device's step-cost curve played on this one: every forward of at most
+    ``max_tokens`` step tokens in total is padded (the host sleeps) until it has taken
+    ``scale`` x the time ``cost`` predicts for it (its sequences' step tokens and committed
+    lengths); larger steps (a long prompt's prefill) run as they are. Sleeping can only add
+    time: where this machine is slower than the emulated curve, a step is not padded
+    (``short_steps`` counts them), so emulate a curve slower than the machine. Set on a model with ``emulate_step_cost``; every
+    ``ModelRunner.forward`` of the model honours it, the step-cost measurement included, so a
+    planner plans with the emulated curve. For studying planning under another machine's
+    cost shape (this CPU in another of its states, a device where wide steps cost more)."""
+
+    cost: StepCost
+    scale: float = 1.0  # the curve's ms are multiplied by this
+    source: str = ""  # where the curve came from (a file), for reports
+    sleep: Callable[[float], None] = field(default=time.sleep, repr=False)  # seconds; tests pass a fake
+    clock: Callable[[], float] = field(default=time.perf_counter, repr=False)
+    steps: int = 0  # forwards seen
+    padded: int = 0  # of them padded
+    short_steps: int = 0  # took longer than the emulated time already
+    large_steps: int = 0  # above max_tokens: not emulated
+    padded_ms: float = 0.0  # slept in all
+
+    def __post_init__(self):
+        if not self.scale > 0:
+            raise ValueError(f"scale must be > 0, got {self.scale}")
+
+    @property
+    def max_tokens(self) -> int:
+        return self.cost.tokens[-1]
+
+    def key(self) -> str:
+        """Of the curve and the scale: part of the step-cost cache's key."""
+        return hashlib.sha256(json.dumps([asdict(self.cost), self.scale], sort_keys=True).encode()).hexdigest()[:16]
+
+    def target_ms(self, step_tokens: list[int], contexts: Optional[list[int]] = None) -> Optional[float]:
+        """The emulated time of a forward (None: too large to emulate)."""
+        if sum(step_tokens) > self.max_tokens:
+            return None
+        return self.scale * self.cost(step_tokens, contexts)
+
+    def pad(self, start: float, step_tokens: list[int], contexts: Optional[list[int]] = None) -> float:
+        """Sleep until the forward that began at ``start`` (``clock()``) has taken its emulated
+        time; returns the ms slept."""
+        self.steps += 1
+        target = self.target_ms(step_tokens, contexts)
+        if target is None:
+            self.large_steps += 1
+            return 0.0
+        left = target - (self.clock() - start) * 1e3
+        if left <= 0:
+            self.short_steps += 1
+            return 0.0
+        self.sleep(left / 1e3)
+        self.padded += 1
+        self.padded_ms += left
+        return left
+
+    def reset(self) -> None:
+        """Zero the counters (after the step-cost measurement, say)."""
+        self.steps = self.padded = self.short_steps = self.large_steps = 0
+        self.padded_ms = 0.0
+
+    def describe(self) -> str:
+        c = self.cost
+        return (f"{self.source or 'a given curve'}{f' x {self.scale:g}' if self.scale != 1 else ''}: forwards of at "
+                f"most {self.max_tokens} step "
+                f"tokens padded (sleep) to 1 token {self.scale * c([1]):.1f} ms, 8 tokens {self.scale * c([8]):.1f}, "
+                f"16 tokens {self.scale * c([16]):.1f} ({c.relative(16):.2f}x), 64 tokens "
+                f"{self.scale * c([64]):.1f}; larger steps (prefills) as they are")
+
+    def stats(self) -> str:
+        return (f"{self.steps} forwards: {self.padded} padded (+{self.padded_ms / 1e3:.1f} s), {self.short_steps} "
+                f"slower than emulated, {self.large_steps} above {self.max_tokens} tokens")
+
+
+def emulate_step_cost(model, cost: Optional[StepCost], scale: float = 1.0, source: str = "") -> Optional[Emulation]:
+    """Make ``model``'s forwards take ``scale`` x the time ``cost`` predicts (``Emulation``),
+    or stop (``cost`` None). With a curve slower than this machine at every step size (the
+    default model's steep-state curve, ``bench/data/step_cost_steep.json``, is: its one-token
+    step is 24 ms where this CPU takes 15-20), every emulated forward takes the curve's time
+    whatever state the machine is in, so the forward's cost is the same from run to run and
+    only the host's work varies; ``Emulation.short_steps`` counts the forwards where it was not."""
+    model.emulated_cost = None
+    if cost is None:
+        return None
+    em = Emulation(cost, scale, source)
+    model.emulated_cost = em
+    return em
+
+
 def _key(model, context: int) -> dict:
     cfg = model.cfg
     plans = [getattr(m, "plan", None) for m in model.modules()] + [model.head_plan]
@@ -116,6 +207,8 @@ def _key(model, context: int) -> dict:
     return {"version": VERSION, "device": device_name(model.device), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "dtype": str(model.dtype), "backend": model.backend.name, "context": context,
             "cuda_graphs": getattr(model, "step_graphs", None) is not None,
+            # an emulated curve (Emulation): its forwards are padded, so is the curve measured
+            "emulated": em.key() if (em := getattr(model, "emulated_cost", None)) is not None else None,
             "shape": [cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads,
                       cfg.num_kv_heads, cfg.head_dim],
             "products": hashlib.sha256(tables.encode()).hexdigest()[:16],

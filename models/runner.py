@@ -141,9 +141,16 @@ class ModelRunner:
     def forward(self, tokens: torch.Tensor, meta: StepMeta, idx: Optional[torch.Tensor]) -> torch.Tensor:
         """The forward of a prepared step (``prepare``): replayed from a CUDA graph where this
         runner has them and the step fits one, else eager. Logits (R, vocab) fp32."""
+        emulated = getattr(self.model, "emulated_cost", None)  # models.cost.Emulation
+        start = emulated.clock() if emulated is not None else 0.0
         logits = self.graphs.run(tokens, meta, idx) if self.graphs is not None else None
         if logits is None:
             logits = self.model(tokens, meta, self.cache.k, self.cache.v, idx)
+        if emulated is not None:  # padded to the emulated curve's time (this waits for the device)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            cu = meta.cu_seqlens_q.tolist()
+            emulated.pad(start, [b - a for a, b in zip(cu, cu[1:])], meta.context_lens.tolist())
         return logits
 
     def prepare(self, inputs: list[StepInput]) -> tuple[torch.Tensor, StepMeta, Optional[torch.Tensor]]:

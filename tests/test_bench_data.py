@@ -234,15 +234,20 @@ def test_specbench_empty_file_and_bad_utf8(tmp_path):
         load_questions(p)
 
 
-def test_reference_step_cost_curve_loads():
-    """bench/data/step_cost_reference.json (the pinned curve of --step-cost) is a usable curve:
+@pytest.mark.parametrize("name", ["step_cost_reference.json", "step_cost_steep.json"])
+def test_reference_step_cost_curve_loads(name):
+    """bench/data's curves (step_cost_reference.json: --step-cost's pinned curve;
+    step_cost_steep.json: the machine's steep state, for --emulate-cost) are usable curves:
     the measured grid, non-decreasing, with its long-context part and where it came from."""
     import json
 
     from models.cost import GRID, LONG_GRID, load_step_cost
 
-    path = SUITE_PATH.parent / "step_cost_reference.json"
+    path = SUITE_PATH.parent / name
     cost = load_step_cost(path)
     assert cost.tokens == list(GRID) and cost.long_tokens == list(LONG_GRID) and cost.long_context > cost.context
     assert cost([16]) > cost([1]) > 0 and cost([1], [2000]) > cost([1])
     assert "2026-11-25" in json.loads(path.read_text())["origin"]
+    if name == "step_cost_steep.json":  # steeper than the reference from 4 step tokens on
+        ref = load_step_cost(SUITE_PATH.parent / "step_cost_reference.json")
+        assert all(cost.relative(t) > ref.relative(t) for t in (4, 8, 16, 64))
