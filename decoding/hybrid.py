@@ -29,10 +29,13 @@ class HybridConfig:
     suffix: SuffixConfig = field(default_factory=SuffixConfig)
     max_nodes: int = 128  # candidate nodes per step at most (before the planner)
     # children per node of the recycled tree when a step planner picks the nodes (recycle.widths
-    # without one): the planner takes few of a wide fringe, and growing and ranking it cost host
-    # time (hybrid's host work per step 1.30 -> 1.16 ms, no less tau per predicted forward time
-    # on the dev and test splits, 2026-11-25); full trees (--no-plan) keep the wide one
-    planned_recycle_widths: tuple[int, ...] = (4, 2, 1)
+    # without one): the planner takes few of a wide fringe, whose estimates run above what is
+    # accepted, and growing and ranking it cost host time. (4, 2, 1) -> (2, 1), dev split, 4
+    # prompts per task, both machine states emulated (--emulate-cost), 2026-11-25: hybrid's
+    # tokens/s over lookahead+pld's went from 0.984-1.089 to 1.000-1.091 per task and round
+    # (summarization from 0.984-0.998 to 1.000-1.019, code +1-2%, qa -1 to -3% in the flat
+    # state); full trees (--no-plan) keep the wide one
+    planned_recycle_widths: tuple[int, ...] = (2, 1)
 
     def __post_init__(self):
         if self.max_nodes < 1:
