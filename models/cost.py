@@ -116,9 +116,9 @@ class Emulation:
     ``scale`` x the time ``cost`` predicts for it (its sequences' step tokens and committed
     lengths); larger steps (a long prompt's prefill) run as they are. Sleeping can only add
     time: where this machine is slower than the emulated curve, a step is not padded
-    (``short_steps`` counts them), so emulate a curve slower than the machine. Set on a model with ``emulate_step_cost``; every
-    ``ModelRunner.forward`` of the model honours it, the step-cost measurement included, so a
-    planner plans with the emulated curve. For studying planning under another machine's
+    (``short_steps`` counts them), so emulate a curve slower than the machine. Set on a model
+    with ``emulate_step_cost``; every ``ModelRunner.forward`` of the model honours it, the
+    step-cost measurement included, so a planner plans with the emulated curve. For studying planning under another machine's
     cost shape (this CPU in another of its states, a device where wide steps cost more)."""
 
     cost: StepCost
@@ -175,8 +175,7 @@ class Emulation:
     def describe(self) -> str:
         c = self.cost
         return (f"{self.source or 'a given curve'}{f' x {self.scale:g}' if self.scale != 1 else ''}: forwards of at "
-                f"most {self.max_tokens} step "
-                f"tokens padded (sleep) to 1 token {self.scale * c([1]):.1f} ms, 8 tokens {self.scale * c([8]):.1f}, "
+                f"most {self.max_tokens} step tokens padded (sleep) to 1 token {self.scale * c([1]):.1f} ms, 8 tokens {self.scale * c([8]):.1f}, "
                 f"16 tokens {self.scale * c([16]):.1f} ({c.relative(16):.2f}x), 64 tokens "
                 f"{self.scale * c([64]):.1f}; larger steps (prefills) as they are")
 

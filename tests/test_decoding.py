@@ -360,6 +360,12 @@ def test_hybrid_grows_a_narrower_recycled_tree_for_a_planner():
     assert recycled(planned) == [(5, 2), (6, 2), (8, 5), (10, 6)]
     with pytest.raises(ValueError, match=r"planned_recycle_widths must be .* recycle.top_k=8\], got \(9,\)"):
         HybridConfig(planned_recycle_widths=(9,))
+    # the default planned tree is (2, 1) (chosen with both machine states emulated, README):
+    # two recycled children of the root, one under each, nothing deeper
+    d = make_proposer("hybrid", config=HybridConfig(recycle=RecycleConfig(seed_from_prompt=False)))
+    sd = d.init_state(SeqState(0, [1, 2], 2))
+    sd.table.update({2: [5, 6, 7], 5: [8, 9], 6: [10, 11], 8: [13], 10: [14]})
+    assert recycled(d.propose([sd], [Budget(max_depth=4, planned=True)], ctx())[0]) == [(5, 2), (6, 2), (8, 5), (10, 6)]
 
 
 def test_hybrid_grows_its_own_suffix_continuations_first():
