@@ -24,6 +24,10 @@ import torch
 
 # `python bench/run.py` puts bench/ on sys.path, not the repository: make `bench.*` importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if not torch.cuda.is_available():
+    # Triton fixes whether its kernels run interpreted when they are defined, and the flags'
+    # module imports them: without a GPU, `--kernel triton` can only run interpreted
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ALL_METHODS = ("ar", "pld", "jacobi", "lookahead", "lookahead+pld", "recycle", "suffix", "hybrid", "draft", "draft+pld")
 
