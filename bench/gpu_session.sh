@@ -11,10 +11,11 @@
 #   tests    the Triton kernels' unit tests, run natively on the GPU against their references
 #   kernels  kernel microbenchmarks (Triton vs torch reference, FlexAttention, SDPA)
 #   speed    model speed at Mistral-7B shapes, bf16: decode bandwidth, step-cost curve
-#   graphs   model speed with steps replayed from CUDA graphs (--cuda-graphs), SmolLM2 and 7B shapes
+#   graphs   model speed with steps replayed from CUDA graphs (--cuda-graphs) beside eager, SmolLM2 and 7B shapes
 #   profile  one SmolLM2-shape step profiled: host / device ms and launches, eager and replayed
 #   e2e      end to end on the real default model with Triton kernels, beside transformers
 set -u
+PY=${PYTHON:-python3}  # the GPU machine's python3 holds its torch
 GGUF=${1:-/tmp/m/smollm2.gguf}
 DIR=${2:-${OUT:-out/gpu}}
 STEPS=",${3:-tests,kernels,speed,e2e},"
@@ -23,49 +24,53 @@ export PYTHONUNBUFFERED=1
 LOG="$DIR/log.txt"
 {
     nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv
-    python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+    $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } >> "$LOG" 2>&1
 step() { [[ "$STEPS" == *",$1,"* ]]; }
 stamp() { echo "$(date +%T) $*" | tee -a "$LOG"; }
 
 if step tests; then
     stamp "tests: start"
-    timeout "${TESTS_S:-240}" python -m pytest -q -p no:cacheprovider tests/test_kernel_ngram_match.py \
-        tests/test_kernel_kv_ops.py tests/test_kernel_tree_attention.py tests/test_kernel_norm.py \
-        tests/test_kernel_elementwise.py tests/test_graphs.py \
-        tests/test_kernel_compile.py > "$DIR/kernel_tests.txt" 2>&1
+    # TEST_FILES narrows the list; with pytest-xdist installed the tests run in TEST_WORKERS
+    # processes (Triton's cold compiles are host work, one core each)
+    FILES=${TEST_FILES:-tests/test_kernel_ngram_match.py tests/test_kernel_kv_ops.py tests/test_kernel_tree_attention.py
+        tests/test_kernel_norm.py tests/test_kernel_elementwise.py tests/test_graphs.py tests/test_kernel_compile.py}
+    XDIST=""
+    $PY -c "import xdist" 2>/dev/null && XDIST="-n ${TEST_WORKERS:-8}"
+    # shellcheck disable=SC2086
+    timeout "${TESTS_S:-240}" $PY -m pytest -q -p no:cacheprovider $XDIST $FILES > "$DIR/kernel_tests.txt" 2>&1
     stamp "tests: rc $? ($(tail -1 "$DIR/kernel_tests.txt"))"
 fi
 if step kernels; then
     stamp "kernels: start"
-    timeout "${KERNELS_S:-150}" python bench/kernels.py > "$DIR/kernels.md" 2>> "$LOG"
+    timeout "${KERNELS_S:-150}" $PY bench/kernels.py > "$DIR/kernels.md" 2>> "$LOG"
     stamp "kernels: rc $?"
 fi
 if step speed; then
     stamp "model_speed: start"
-    timeout "${SPEED_S:-200}" python bench/model_speed.py --out "$DIR/speed" ${SPEED_ARGS:-} >> "$LOG" 2>&1
+    timeout "${SPEED_S:-200}" $PY bench/model_speed.py --out "$DIR/speed" ${SPEED_ARGS:-} >> "$LOG" 2>&1
     stamp "model_speed: rc $?"
 fi
 if step graphs; then
     for shape in smollm2-135m mistral-7b; do
         stamp "graphs $shape: start"
-        timeout "${GRAPHS_S:-120}" python bench/model_speed.py --shape $shape --cuda-graphs --batch 1,8 \
-            --step-batch 1 --out "$DIR/graphs_$shape" >> "$LOG" 2>&1
+        timeout "${GRAPHS_S:-120}" $PY bench/model_speed.py --shape $shape --cuda-graphs --batch 1,8 \
+            --step-batch ${GRAPHS_STEP_BATCH:-1,8} --out "$DIR/graphs_$shape" >> "$LOG" 2>&1
         stamp "graphs $shape: rc $?"
     done
 fi
 if step profile; then
     stamp "profile: start"
-    timeout "${PROFILE_S:-90}" python bench/profile_step.py --shape smollm2-135m --cuda-graphs --out "$DIR/profile" \
+    timeout "${PROFILE_S:-90}" $PY bench/profile_step.py --shape smollm2-135m --cuda-graphs --out "$DIR/profile" \
         > "$DIR/profile.md" 2>> "$LOG"
     stamp "profile: rc $?"
 fi
 if step e2e; then
     if [ -f "$GGUF" ]; then
         stamp "e2e: start"
-        # 2026-11-25 on an H100: 4 prompt turns x 10 methods took 3 minutes (the forward is
-        # host-bound), so by default one prompt per task; E2E_ARGS adds flags (e.g. --cuda-graphs)
-        timeout "${E2E_S:-300}" python bench/run.py --kernel triton --model "$GGUF" --compare-hf \
+        # one prompt per task by default (eager steps are host-bound: a run of every prompt does
+        # not fit a session's GPU time); E2E_ARGS adds flags (e.g. --cuda-graphs)
+        timeout "${E2E_S:-300}" $PY bench/run.py --kernel triton --model "$GGUF" --compare-hf \
             --limit "${E2E_LIMIT:-1}" --out "$DIR/e2e" ${E2E_ARGS:-} >> "$LOG" 2>&1
         stamp "e2e: rc $?"
     else

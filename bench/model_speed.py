@@ -176,27 +176,40 @@ def measure(args) -> dict:
 
     tables = None if args.no_tune else tune_model(model, args.cache_dir, args.extra_weight_memory)
 
-    def timed(inputs: list[StepInput]) -> tuple[float, float, float]:
-        """(forward ms, runner step ms, baseline forward ms)."""
+    def timed(inputs: list[StepInput]) -> tuple[float, float, float, Optional[float], Optional[bool]]:
+        """(forward ms, runner step ms, baseline forward ms, replayed forward ms, whether it
+        replayed); the last two None without graphs. The replayed forward is
+        ``ModelRunner.forward`` on the prepared step: the static inputs filled, the graph
+        replayed, the logits copied out (a step too large for a graph runs eagerly there)."""
         tokens, meta, idx = runner.prepare(inputs)
+        replay = replayed = None
         with torch.inference_mode():
             fwd = timer(lambda: model(tokens, meta, runner.cache.k, runner.cache.v, idx))
             with baseline_forward(model):
                 base_fwd = timer(lambda: model(tokens, meta, runner.cache.k, runner.cache.v, idx))
+            if runner.graphs is not None:
+                eager_before = runner.graphs.stats["eager"]
+                replay = timer(lambda: runner.forward(tokens, meta, idx))
+                replayed = runner.graphs.stats["eager"] == eager_before and runner.graphs.failed is None
         step = timer(lambda: runner.step(inputs))
-        return fwd, step, base_fwd
+        return fwd, step, base_fwd, replay, replayed
 
     decode = []
     bar = _progress(len(args.batch) + len(args.step_batch) * len(args.step_tokens))
     for b in args.batch:
         seqs = setup_batch(runner, b, args.context)
         inputs = [StepInput(s, [int(torch.randint(0, vocab, (1,), generator=gen))]) for s in seqs]
-        fwd, step, base_fwd = timed(inputs)
+        fwd, step, base_fwd, replay, replayed = timed(inputs)
         kv_bytes = b * args.context * kv_per_token
-        decode.append(dict(batch=b, context=args.context, forward_ms=fwd, step_ms=step, baseline_ms=base_fwd,
-                           tok_s=b / (fwd * 1e-3), weight_gbs=wbytes / (fwd * 1e-3) / 1e9,
-                           weight_kv_gbs=(wbytes + kv_bytes) / (fwd * 1e-3) / 1e9,
-                           weight_bw_frac=wbytes / (fwd * 1e-3) / 1e9 / copy_gbs))
+        row = dict(batch=b, context=args.context, forward_ms=fwd, step_ms=step, baseline_ms=base_fwd,
+                   tok_s=b / (fwd * 1e-3), weight_gbs=wbytes / (fwd * 1e-3) / 1e9,
+                   weight_kv_gbs=(wbytes + kv_bytes) / (fwd * 1e-3) / 1e9,
+                   weight_bw_frac=wbytes / (fwd * 1e-3) / 1e9 / copy_gbs)
+        if replay is not None:
+            row.update(replay_ms=replay, replayed=replayed, graph_speedup=fwd / replay,
+                       replay_tok_s=b / (replay * 1e-3), replay_weight_gbs=wbytes / (replay * 1e-3) / 1e9,
+                       replay_bw_frac=wbytes / (replay * 1e-3) / 1e9 / copy_gbs)
+        decode.append(row)
         bar.update()
 
     curve = []
@@ -209,11 +222,14 @@ def measure(args) -> dict:
                 depth, mask = random_tree(T, gen)
                 toks = torch.randint(0, vocab, (T,), generator=gen).tolist()
                 inputs.append(StepInput(s, toks, depths=depth, mask=None if T == 1 else mask))
-            fwd, step, base_fwd = timed(inputs)
-            base = base or (fwd, step, base_fwd)
-            curve.append(dict(batch=b, step_tokens=T, context=args.context, forward_ms=fwd, step_ms=step,
-                              forward_rel=fwd / base[0], step_rel=step / base[1], baseline_ms=base_fwd,
-                              baseline_rel=base_fwd / base[2]))
+            fwd, step, base_fwd, replay, replayed = timed(inputs)
+            base = base or (fwd, step, base_fwd, replay)
+            row = dict(batch=b, step_tokens=T, context=args.context, forward_ms=fwd, step_ms=step,
+                       forward_rel=fwd / base[0], step_rel=step / base[1], baseline_ms=base_fwd,
+                       baseline_rel=base_fwd / base[2])
+            if replay is not None:
+                row.update(replay_ms=replay, replay_rel=replay / base[3], replayed=replayed)
+            curve.append(row)
             bar.update()
     bar.close()
 
@@ -225,7 +241,8 @@ def measure(args) -> dict:
                                                          "num_layers", "num_heads", "num_kv_heads", "head_dim")},
                     weight_bytes=wbytes, copy_gbs=copy_gbs, product_tables=tables, torch=torch.__version__, triton=triton.__version__,
                     python=platform.python_version(), command=" ".join(sys.argv),
-                    cuda_graphs=bool(args.cuda_graphs)),
+                    cuda_graphs=bool(args.cuda_graphs),
+                    graph_stats=None if runner.graphs is None else dict(runner.graphs.stats, failed=runner.graphs.failed)),
         decode=decode, step_cost=curve)
 
 
@@ -266,6 +283,26 @@ def markdown(res: dict) -> str:
     for r in res["step_cost"]:
         lines.append(f"| {r['batch']} | {r['step_tokens']} | {r['forward_ms']:.3f} | {r['forward_rel']:.2f} | "
                      f"{r['baseline_ms']:.3f} | {r['baseline_rel']:.2f} | {r['step_ms']:.3f} | {r['step_rel']:.2f} |")
+    if any("replay_ms" in r for r in res["decode"] + res["step_cost"]):
+        g = h.get("graph_stats") or {}
+        lines += ["", "## Replayed from CUDA graphs", "",
+                  "replayed: `ModelRunner.forward` on the prepared step (static inputs filled, graph replayed, logits "
+                  "copied out); eager: the forward column above. A step over the graphs' size limit runs eagerly "
+                  f"(replayed: no). Graphs: {g.get('captures', 0)} captured, {g.get('replays', 0)} replays, "
+                  f"{g.get('eager', 0)} eager steps" + (f"; capture failed: {g['failed']}" if g.get("failed") else "")
+                  + ".", "",
+                  "| batch | step tokens | eager ms | replayed ms | eager / replayed | replayed x one-token | tok/s "
+                  "| weight BW / copy BW | replayed |", "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in res["decode"]:
+            if "replay_ms" in r:
+                lines.append(f"| {r['batch']} | 1 | {r['forward_ms']:.3f} | {r['replay_ms']:.3f} | "
+                             f"{r['graph_speedup']:.2f} | | {r['replay_tok_s']:.1f} | {100 * r['replay_bw_frac']:.1f}% "
+                             f"| {'yes' if r['replayed'] else 'no'} |")
+        for r in res["step_cost"]:
+            if "replay_ms" in r:
+                lines.append(f"| {r['batch']} | {r['step_tokens']} | {r['forward_ms']:.3f} | {r['replay_ms']:.3f} | "
+                             f"{r['forward_ms'] / r['replay_ms']:.2f} | {r['replay_rel']:.2f} | | | "
+                             f"{'yes' if r['replayed'] else 'no'} |")
     return "\n".join(lines) + "\n"
 
 
