@@ -19,13 +19,20 @@ def kernels_on_gpu() -> bool:
     return torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
+class _CudaGenerator(torch.Generator):
+    """torch.Generator made on the GPU unless told otherwise. A class, not a function: modules
+    imported while a test runs (torch.distributed, through transformers) use it in annotations."""
+
+    def __new__(cls, device="cuda"):
+        return super().__new__(cls, device=device)
+
+
 @pytest.fixture(autouse=True)
 def _kernel_tests_on_gpu(request, monkeypatch):
     if request.module.__name__.rpartition(".")[2] not in GPU_KERNEL_TESTS or not kernels_on_gpu():
         yield
         return
-    host_generator = torch.Generator
-    monkeypatch.setattr(torch, "Generator", lambda device="cuda": host_generator(device=device))
+    monkeypatch.setattr(torch, "Generator", _CudaGenerator)
     torch.set_default_device("cuda")
     try:
         yield
