@@ -10,23 +10,33 @@ bucketed shape and copied into that shape's static input tensors:
     ``cu_seqlens_q[-1]``), write no K/V (slot -1), attend to nothing and are never returned;
     a row's result does not depend on the other rows of a product, so they change nothing;
   * the batch to the next power of two with empty sequences (no tokens, no context);
-  * block-table columns to the next power of two (-1 past a sequence's blocks);
+  * block-table columns to one width for all steps, the most blocks a sequence can hold (-1
+    past a sequence's blocks; attention reads only up to each context length, so the columns
+    cost a copy, not work);
   * ``max_seqlen_q`` to the next power of two (the kernel only needs an upper bound);
-  * the logits rows to the next power of two (row 0 repeated), the mask words kept as they are.
+  * the mask words to those of the padded rows, the logits rows to the padded rows (row 0
+    repeated; a product's rows cost little next to another graph).
 
-The key of a graph is that padded shape; graphs are captured on first use (the step runs once
-eagerly first: Triton compiles outside the capture) and kept, least recently used first out,
-up to ``max_graphs``, all in one memory pool. Steps larger than ``max_tokens`` rows or
-``max_batch`` sequences (prefill chunks) run eagerly. A graph also fixes the cache's address,
-so one ``StepGraphs`` serves one ``PagedKVCache``: ``use_cuda_graphs`` makes
-``ModelRunner.for_batch`` keep one runner per model and reuse it while it is free and large
-enough, so that every ``generate`` call does not capture its graphs again.
+So a step's shape depends on its rows, its batch and whether it carries a tree mask, not on
+how far decoding has come: a decode does not meet a new shape (and pay for a capture) each
+time its context crosses a block boundary, and ``warm_up`` can capture every shape of
+batch-1 decoding ahead of time (18 graphs), as serving engines do at start-up.
+
+The key of a graph is that padded shape; graphs are captured on first use or by ``warm_up``
+(the step runs once eagerly first: Triton compiles outside the capture) and kept, least
+recently used first out, up to ``max_graphs``, all in one memory pool. Steps larger than
+``max_tokens`` rows or ``max_batch`` sequences (prefill chunks) run eagerly. A graph also
+fixes the cache's address, so one ``StepGraphs`` serves one ``PagedKVCache``:
+``use_cuda_graphs`` makes ``ModelRunner.for_batch`` keep one runner per model and reuse it
+while it is free and large enough, so that every ``generate`` call does not capture its
+graphs again.
 
 Only the Triton backend is captured (the torch backend plans each step on the host).
 ``capture=False`` runs the same padded step eagerly: that is how the padding is tested without
 a GPU (tests/test_graphs.py).
 """
 
+import time
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -59,6 +69,7 @@ class _Graph:
 
     def __init__(self, shape: StepShape, device: torch.device):
         s, dev = shape, device
+        self.shape = shape
         self.tokens = torch.zeros(s.rows, dtype=torch.int64, device=dev)
         self.meta = StepMeta(
             cu_seqlens_q=torch.zeros(s.batch + 1, dtype=torch.int32, device=dev),
@@ -79,7 +90,8 @@ class StepGraphs:
     """Runs ``model(tokens, meta, cache.k, cache.v, logits_idx)`` from CUDA graphs.
 
     ``run`` returns the logits (R, vocab) of a step, or None when the step is too large for a
-    graph (the caller runs it eagerly). ``stats``: captures, replays and eager fallbacks."""
+    graph (the caller runs it eagerly). ``stats``: captures, replays, eager fallbacks and the
+    seconds spent capturing (``capture_s``, the eager run before each capture included)."""
 
     def __init__(self, model, cache, *, max_tokens: int = 256, max_batch: int = 64, max_graphs: int = 96,
                  capture: Optional[bool] = None):
@@ -95,20 +107,50 @@ class StepGraphs:
                 raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
         self.model, self.cache, self.device, self.capture = model, cache, device, capture
         self.max_tokens, self.max_batch, self.max_graphs = max_tokens, max_batch, max_graphs
+        # every step's block table padded to the most blocks one sequence can hold
+        self.width = min(cache.num_blocks, -(-model.cfg.max_position_embeddings // cache.block_size))
         self.graphs: "OrderedDict[StepShape, _Graph]" = OrderedDict()
         self.pool = torch.cuda.graph_pool_handle() if capture else None
-        self.stats = dict(captures=0, replays=0, eager=0)
+        self.stats = dict(captures=0, replays=0, eager=0, capture_s=0.0)
         self.failed: Optional[str] = None  # why a capture failed (then every step runs eagerly)
 
     def shape_of(self, tokens: torch.Tensor, meta: StepMeta, idx: Optional[torch.Tensor]) -> Optional[StepShape]:
         T, B = tokens.numel(), meta.cu_seqlens_q.numel() - 1
-        if T > self.max_tokens or B > self.max_batch or B < 1:
+        if T > self.max_tokens or B > self.max_batch or B < 1 or meta.block_tables.shape[1] > self.width:
             return None
         rows = _pow2(T)
-        return StepShape(rows=rows, batch=_pow2(B), width=_pow2(meta.block_tables.shape[1]),
-                         max_q=min(rows, _pow2(meta.max_seqlen_q)),
-                         words=0 if meta.mask is None else meta.mask.shape[1], causal=meta.causal is not None,
-                         logits=_pow2(T if idx is None else idx.numel()))
+        words = 0 if meta.mask is None else -(-rows // 32)
+        if meta.mask is not None and meta.mask.shape[1] > words:  # wider than its rows need: not ours to pad
+            return None
+        return self._shape(rows, _pow2(B), min(rows, _pow2(meta.max_seqlen_q)), meta.mask is not None,
+                           meta.causal is not None)
+
+    def _shape(self, rows: int, batch: int, max_q: int, tree: bool, causal: bool) -> StepShape:
+        return StepShape(rows=rows, batch=batch, width=self.width, max_q=max_q, words=-(-rows // 32) if tree else 0,
+                         causal=causal, logits=rows)
+
+    def warm_up(self, batches: tuple[int, ...] = (1,)) -> int:
+        """Capture now, for each batch size in ``batches``, the shapes of every step up to
+        ``max_tokens`` rows with each sequence's rows padded to the largest (``max_q`` = the
+        rows), causal and with a tree mask: all the shapes batch-1 decoding meets. The graphs
+        are captured on empty inputs (no sequence owns a row: nothing is written to the
+        cache). Returns how many were captured; 0 without capture or after a failed one."""
+        done = 0
+        rows = 1
+        while self.capture and self.failed is None and rows <= self.max_tokens:
+            for b in sorted({_pow2(b) for b in batches if 1 <= b <= min(rows, self.max_batch)}):
+                for tree in (False, True):
+                    shape = self._shape(rows, b, rows, tree, tree)
+                    if shape in self.graphs:
+                        continue
+                    g = _Graph(shape, self.device)
+                    if not self._try_capture(g):
+                        return done
+                    self.graphs[shape] = g
+                    done += 1
+            rows *= 2
+        self._evict()
+        return done
 
     def run(self, tokens: torch.Tensor, meta: StepMeta, idx: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         shape = self.shape_of(tokens, meta, idx)
@@ -126,13 +168,7 @@ class StepGraphs:
             self.graphs[shape] = g
             self._evict()
         elif g.graph is None:
-            try:
-                self._capture(g)
-            except Exception as e:  # noqa: BLE001 -- whatever failed, the eager forward still works
-                warnings.warn(f"CUDA graph capture failed for {shape} ({type(e).__name__}: {e}); this runner's "
-                              "steps run eagerly from now on")
-                self.failed = f"{type(e).__name__}: {e}"
-                self.max_tokens = 0  # nothing fits a graph any more
+            if not self._try_capture(g):
                 self.stats["eager"] += 1
                 return None
             self.graphs[shape] = g
@@ -144,6 +180,17 @@ class StepGraphs:
             out = g.out
         R = tokens.numel() if idx is None else idx.numel()
         return out[:R].clone()  # the static output is rewritten by the next replay
+
+    def _try_capture(self, g: _Graph) -> bool:
+        try:
+            self._capture(g)
+        except Exception as e:  # noqa: BLE001 -- whatever failed, the eager forward still works
+            warnings.warn(f"CUDA graph capture failed for {g.shape} ({type(e).__name__}: {e}); this runner's "
+                          "steps run eagerly from now on")
+            self.failed = f"{type(e).__name__}: {e}"
+            self.max_tokens = 0  # nothing fits a graph any more
+            return False
+        return True
 
     def _forward(self, g: _Graph) -> torch.Tensor:
         return self.model(g.tokens, g.meta, self.cache.k, self.cache.v, g.idx)
@@ -167,7 +214,9 @@ class StepGraphs:
         gm.block_tables.fill_(-1)
         gm.block_tables[:B, :W].copy_(m.block_tables)
         if gm.mask is not None:
-            gm.mask[:T].copy_(m.mask)
+            w = m.mask.shape[1]
+            gm.mask[:T, :w].copy_(m.mask)
+            gm.mask[:T, w:].zero_()
             gm.mask[T:].zero_()
         if gm.causal is not None:
             gm.causal[:B].copy_(m.causal)
@@ -180,6 +229,7 @@ class StepGraphs:
         g.idx[R:].zero_()
 
     def _capture(self, g: _Graph) -> None:
+        start = time.perf_counter()
         cur = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(cur)
@@ -192,6 +242,7 @@ class StepGraphs:
         g.graph = graph
         graph.replay()  # the capture only recorded: this computes the step
         self.stats["captures"] += 1
+        self.stats["capture_s"] += time.perf_counter() - start
 
     def _evict(self) -> None:
         while len(self.graphs) > self.max_graphs:
@@ -213,3 +264,23 @@ def use_cuda_graphs(model, enable: bool = True, **options) -> None:
     if options["capture"] and model.device.type != "cuda":
         raise ValueError(f"cuda graphs need a CUDA device, the model is on {model.device}; use --device cuda")
     model.step_graphs, model.shared_runner = options, None
+
+
+def warm_up_shared_runner(model, batch: int, longest_prompt: int, max_new_tokens: int) -> dict:
+    """Make the runner ``ModelRunner.for_batch`` will hand out for ``batch`` prompts of up to
+    ``longest_prompt`` tokens and capture its graphs now (``StepGraphs.warm_up`` for batch 1
+    and ``batch``), so that a benchmark's timed runs neither replace the runner (and capture
+    again) nor capture on first use. Returns what it did: graphs captured, seconds, cache
+    tokens. Graphs must be on (``use_cuda_graphs``)."""
+    from models.runner import ModelRunner
+
+    if getattr(model, "step_graphs", None) is None:
+        raise ValueError("warm_up_shared_runner needs CUDA graphs on: call use_cuda_graphs(model) first")
+    if batch < 1 or longest_prompt < 1 or max_new_tokens < 1:
+        raise ValueError(f"batch, longest_prompt and max_new_tokens must be >= 1, got {batch}, {longest_prompt}, "
+                         f"{max_new_tokens}")
+    runner = ModelRunner.for_batch(model, [[0] * longest_prompt] * batch, max_new_tokens)
+    before = runner.graphs.stats["capture_s"]
+    captured = runner.graphs.warm_up(tuple(sorted({1, batch})))
+    return dict(captured=captured, seconds=runner.graphs.stats["capture_s"] - before,
+                cache_tokens=runner.cache.num_blocks * runner.cache.block_size, failed=runner.graphs.failed)

@@ -15,7 +15,7 @@ import torch
 from decoding import HybridConfig, LookaheadConfig, generate, make_proposer
 from helpers import ours_from_hf, tiny_hf_model
 from kernels.backend import get_backend
-from models.graphs import StepGraphs, StepShape, use_cuda_graphs
+from models.graphs import StepGraphs, StepShape, use_cuda_graphs, warm_up_shared_runner
 from models.loader import from_hf
 from models.runner import ModelRunner, StepInput
 
@@ -87,11 +87,16 @@ def test_step_shapes_are_padded_to_powers_of_two(tiny_triton):
     runner = _runner(tiny_triton, True)
     g = runner.graphs
     tokens, meta, idx = runner.prepare(_steps()[4])  # 8 rows, 3 sequences, a tree, all rows
-    assert g.shape_of(tokens, meta, idx) == StepShape(rows=8, batch=4, width=8, max_q=8, words=1, causal=True,
+    # the block table as wide as one sequence can grow (the model's 256 positions in blocks of 4; the
+    # cache holds 128), whatever its context now
+    assert tiny_triton.cfg.max_position_embeddings == 256 and runner.cache.num_blocks == 128 and g.width == 64
+    assert g.shape_of(tokens, meta, idx) == StepShape(rows=8, batch=4, width=64, max_q=8, words=1, causal=True,
                                                       logits=8)
-    tokens, meta, idx = runner.prepare(_steps()[5])  # 6 rows, logits of 4
-    assert g.shape_of(tokens, meta, idx) == StepShape(rows=8, batch=4, width=8, max_q=4, words=0, causal=False,
-                                                      logits=4)
+    tokens, meta, idx = runner.prepare(_steps()[5])  # 6 rows, logits of 4: padded to the rows
+    assert g.shape_of(tokens, meta, idx) == StepShape(rows=8, batch=4, width=64, max_q=4, words=0, causal=False,
+                                                      logits=8)
+    tokens, meta, idx = runner.prepare([StepInput(0, list(range(33)), parents=[-1] + list(range(32)))])
+    assert g.shape_of(tokens, meta, idx).words == 2  # the mask words of the padded 64 rows
     # a step of as many rows as the limit is padded; one past it runs eagerly
     small = StepGraphs(tiny_triton, runner.cache, max_tokens=4, max_batch=2, capture=False)
     tokens, meta, idx = runner.prepare([StepInput(0, [1, 2, 3, 4])])
@@ -114,6 +119,68 @@ def test_shapes_are_kept_least_recently_used_first_out(tiny_triton):
         shapes.append(g.shape_of(tokens, meta, idx))
     assert shapes[0] == shapes[2] and len(set(shapes)) == 3
     assert list(g.graphs) == [shapes[0], shapes[3]]  # the 1-row shape was used again after the 2-row one
+
+
+def test_a_growing_context_keeps_its_step_shape(tiny_triton):
+    runner = _runner(tiny_triton, True)
+    shapes = set()
+    for _ in range(40):  # sequence 0 grows from 7 to 47 tokens: 2 to 12 blocks of 4
+        tokens, meta, idx = runner.prepare([StepInput(0, [3])])
+        shapes.add(runner.graphs.shape_of(tokens, meta, idx))
+        runner.forward(tokens, meta, idx)
+        runner.commit({0: [0]})
+    assert len(shapes) == 1 and len(runner.graphs.graphs) <= 4  # the prefills' shapes and this one
+
+
+def test_warm_up_captures_every_shape_of_batch_one_decoding(tiny_triton, monkeypatch):
+    runner = _runner(tiny_triton, False)
+    g = StepGraphs(tiny_triton, runner.cache, max_tokens=64, capture=False)
+    assert g.warm_up() == 0  # nothing to capture without a GPU
+    g.capture = True  # what a GPU would capture, recorded instead
+    captured = []
+    monkeypatch.setattr(g, "_capture", lambda graph: captured.append(graph.shape))
+    assert g.warm_up() == 14 == len(captured)  # rows 1, 2, ..., 64, causal and with a tree mask
+    assert g.warm_up() == 0  # all there already
+    for T in range(1, 65):
+        for tree in (False, True):
+            for rows in (None, [T - 1]):
+                parents = [-1] + [max(0, i - 2) for i in range(T - 1)] if tree else None
+                tokens, meta, idx = runner.prepare([StepInput(0, list(range(1, T + 1)), parents=parents,
+                                                              logits_rows=rows)])
+                assert g.shape_of(tokens, meta, idx) in g.graphs, (T, tree, rows)
+    tokens, meta, idx = runner.prepare([StepInput(0, list(range(1, 66)))])
+    assert g.shape_of(tokens, meta, idx) is None  # past max_tokens: eager
+
+
+def test_a_failed_warm_up_stops_and_leaves_steps_eager(tiny_triton, monkeypatch):
+    runner = _runner(tiny_triton, False)
+    g = StepGraphs(tiny_triton, runner.cache, max_tokens=8, capture=False)
+    g.capture = True
+
+    def fail(graph):
+        raise RuntimeError("capture refused")
+    monkeypatch.setattr(g, "_capture", fail)
+    with pytest.warns(UserWarning, match="capture refused"):
+        assert g.warm_up() == 0
+    assert g.failed == "RuntimeError: capture refused" and g.max_tokens == 0 and not g.graphs
+    tokens, meta, idx = runner.prepare([StepInput(0, [3])])
+    assert g.run(tokens, meta, idx) is None and g.stats["eager"] == 1
+
+
+def test_the_shared_runner_is_sized_and_warmed_once(tiny_triton):
+    with pytest.raises(ValueError, match="needs CUDA graphs on"):
+        warm_up_shared_runner(tiny_triton, 1, 4, 4)
+    use_cuda_graphs(tiny_triton, capture=False)
+    try:
+        with pytest.raises(ValueError, match="must be >= 1"):
+            warm_up_shared_runner(tiny_triton, 1, 0, 4)
+        done = warm_up_shared_runner(tiny_triton, 2, 40, 8)
+        runner = tiny_triton.shared_runner
+        assert done["captured"] == 0 and done["failed"] is None  # nothing is captured without a GPU
+        assert done["cache_tokens"] == runner.cache.num_blocks * 16 >= 2 * (40 + 8 + 256)
+        assert ModelRunner.for_batch(tiny_triton, [[1] * 30, [2] * 40], 8) is runner  # the timed runs reuse it
+    finally:
+        use_cuda_graphs(tiny_triton, False)
 
 
 @pytest.mark.parametrize("name", ["ar", "lookahead+pld", "hybrid"])
@@ -227,4 +294,4 @@ def test_greedy_output_is_unchanged_with_cuda_graphs(tiny_triton, name):
     finally:
         use_cuda_graphs(tiny_triton, False)
     assert got == want
-    assert stats["captures"] > 0 and stats["replays"] > stats["captures"]
+    assert stats["captures"] > 0 and stats["replays"] > 0
