@@ -61,6 +61,7 @@ class Bench:
             self.emulation.reset()
         self.skipped: list[str] = []
         self._encoded: dict[str, list[int]] = {}
+        self.graph_warm_up: Optional[dict] = None  # with --cuda-graphs: what run() captured before timing
 
     def _load(self, what: str, load):
         """``load()``, with its wall time and the memory peak while it ran kept in ``loads``."""
@@ -129,6 +130,25 @@ class Bench:
         return {name: [(merge([got[i][0] for got in rs]), rs[0][i][1]) for i in range(len(rs[0]))]
                 for name, rs in rounds.items()}
 
+    def _warm_up_graphs(self, records: list[dict]) -> dict:
+        """Size the shared runner for the longest conversation (its first prompt, and each later
+        turn with an answer of --max-new-tokens before it) and capture its graphs before
+        anything is timed: otherwise the first method to meet a step shape pays its capture."""
+        from models.graphs import warm_up_shared_runner
+
+        new = self.args.max_new_tokens
+        longest = 0
+        for r in records:
+            n = len(self.encode(r["messages"]))
+            for turn in r["next_turns"]:
+                n += new + len(self.tok.encode(turn)) + 16  # the answer, the question, the template's tokens
+            longest = max(longest, n)
+        longest = min(longest, self.model.cfg.max_position_embeddings - new)
+        done = warm_up_shared_runner(self.model, self.args.batch_size, longest, new)
+        print(f"cuda graphs: {done['captured']} captured ahead in {done['seconds']:.1f} s "
+              f"(cache {done['cache_tokens']} tokens)", flush=True)
+        return done
+
     def _too_long(self, conv: dict) -> Optional[str]:
         n = max(len(self.encode(msgs)) for msgs in conv["msgs"].values())
         ctx = self.model.cfg.max_position_embeddings
@@ -142,8 +162,10 @@ class Bench:
 
         args = self.args
         todo = [{"rec": r, "turn": 1, "msgs": {m: r["messages"] for m in self.methods}} for r in records]
-        # warm-up, every method: first calls pay for allocation (and on a GPU compilation)
         fitting = [c for c in todo if self._too_long(c) is None]
+        if getattr(args, "cuda_graphs", False) and fitting:
+            self.graph_warm_up = self._warm_up_graphs([c["rec"] for c in fitting])
+        # warm-up, every method: first calls pay for allocation (and on a GPU compilation)
         if fitting:
             shortest = min(fitting, key=lambda c: len(self.encode(c["rec"]["messages"])))
             for name in self.methods:

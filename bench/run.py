@@ -213,7 +213,10 @@ def main(argv=None) -> int:
     results = bench.run(records)
     shared = getattr(bench.model, "shared_runner", None)
     if shared is not None and shared.graphs is not None:  # what the graphs did (the decoding runs' runner)
-        head["cuda graphs"] = ("on: " + ", ".join(f"{k} {v}" for k, v in shared.graphs.stats.items())
+        st, warm = shared.graphs.stats, bench.graph_warm_up or {}
+        head["cuda graphs"] = (f"on: {st['captures']} captures ({st['capture_s']:.1f} s; {warm.get('captured', 0)} "
+                               f"of them ahead of the timed runs, in {warm.get('seconds', 0.0):.1f} s), "
+                               f"{st['replays']} replays, {st['eager']} eager steps (too large for a graph)"
                                + (f"; a capture failed, eager since: {shared.graphs.failed}" if shared.graphs.failed
                                   else ""))
 
