@@ -170,7 +170,7 @@ class Bench:
             shortest = min(fitting, key=lambda c: len(self.encode(c["rec"]["messages"])))
             for name in self.methods:
                 self.timed(name, [self.encode(shortest["rec"]["messages"])], 4, 1)
-            if str(args.device).startswith("cuda"):
+            if str(getattr(args, "device", "cpu")).startswith("cuda"):
                 # and the longest prompt's prefill: on a GPU, Triton compiles the kernels of a long
                 # eager prefill on first use, which would land in the first timed method's TTFT
                 longest = max(fitting, key=lambda c: len(self.encode(c["rec"]["messages"])))
