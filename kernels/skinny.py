@@ -12,11 +12,20 @@ Every output element is computed by the same operations whatever the number of r
 row's place among them, so a row's result does not depend on the step it is in, bit for bit
 (tests/test_kernel_skinny.py checks it); BLAS kernels switch with M and differ by rounding.
 
-It is built on first use with the system C compiler (``$CC``, else ``cc`` / ``gcc``) for
-x86-64 CPUs with AVX2 and FMA, into ``~/.cache/specdec/kernels/`` (``$SPECDEC_KERNEL_CACHE``
-to move it), keyed by the source, the flags and the compiler. Without a compiler or on
-another CPU, ``available()`` is False with ``unavailable_reason()`` and models/tune.py does not
-offer the form; ``SPECDEC_SKINNY=0`` turns it off. fp32 only.
+It is built on first use with the system C compiler (``$CC``, else ``cc`` / ``gcc``) into
+``~/.cache/specdec/kernels/`` (``$SPECDEC_KERNEL_CACHE`` to move it), keyed by the source, the
+flags and the compiler, for one of two instruction sets: ``avx2`` (AVX2 + FMA, 8-lane vectors)
+or ``avx512`` (AVX-512 F/DQ/BW/VL: the products in 16-lane vectors with 32 registers; the other
+kernels the same code). The CPU's flags (``/proc/cpuinfo``) choose the widest it runs;
+``SPECDEC_CPU_ISA=avx2|avx512`` forces one, and ``use_isa`` switches in a running process (to
+time both in one run). The two builds round differently (the products sum 8 or 16 lanes at a
+time); each keeps a row's result independent of its step. Without a compiler or on another
+CPU, ``available()`` is False with ``unavailable_reason()`` and models/tune.py does not offer
+the form; ``SPECDEC_SKINNY=0`` turns it off. fp32 only.
+
+The library also measures the machine's roofline (``cpu/roofline.c``): the peak FMA rate at
+256 and 512 bits and the memory read bandwidth, every thread at once (``fma_peak_gflops``,
+``read_bandwidth_gbs``; bench/model_speed.py reports steps against them).
 """
 
 import ctypes
@@ -35,17 +44,27 @@ import torch.nn.functional as F
 
 SOURCES = [Path(__file__).with_name("cpu") / f for f in ("skinny_gemm.c", "skinny_attention.c",
                                                                        "skinny_elementwise.c", "skinny_layers.c",
-                                                                       "skinny_reduce.c")]
+                                                                       "skinny_reduce.c", "roofline.c")]
 HEADERS = [Path(__file__).with_name("cpu") / "skinny_common.h"]  # in the build hash, not on the command line
 # -ffp-contract=off: a product and a sum written apart stay apart (the RoPE kernel matches torch bit for bit)
-FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 LIBS = ["-lm"]
+# the instruction sets the library is built for, narrowest first: compiler flags, and the CPU
+# flags (/proc/cpuinfo) that running it needs
+ISAS = {
+    "avx2": (["-mavx2", "-mfma"], ("avx2", "fma")),
+    "avx512": (["-mavx2", "-mfma", "-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"],
+               ("avx2", "fma", "avx512f", "avx512dq", "avx512bw", "avx512vl")),
+}
 
 _lock = threading.Lock()
+# the active build (the chosen instruction set's): what every function here calls
 _lib: Optional[ctypes.CDLL] = None
-_tag: Optional[str] = None  # of the built library: source, flags, compiler
+_tag: Optional[str] = None  # of the built library: instruction set, and a hash of source, flags, compiler
+_isa: Optional[str] = None
 _reason: Optional[str] = None
 _tried = False
+_built: dict = {}  # instruction set -> (library, tag), each built once per process
 
 
 def _cache_dir() -> Path:
@@ -61,29 +80,64 @@ def _compiler() -> Optional[str]:
     return None
 
 
-def _cpu_ok() -> Optional[str]:
-    """None when this CPU runs the kernel, else why not."""
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_isas() -> list[str]:
+    """The instruction sets of ``ISAS`` this CPU runs, narrowest first (empty off x86-64)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"needs an x86-64 CPU, this is {platform.machine()}"
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        return f"needs AVX2 and FMA, torch reports {torch.backends.cpu.get_cpu_capability()}"
-    return None
+        return []
+    flags = cpu_flags()
+    if not flags:  # no /proc/cpuinfo: what torch's own dispatch found
+        cap = torch.backends.cpu.get_cpu_capability()
+        return ["avx2", "avx512"] if cap == "AVX512" else ["avx2"] if cap == "AVX2" else []
+    return [isa for isa, (_, need) in ISAS.items() if all(f in flags for f in need)]
 
 
-def _build() -> tuple[ctypes.CDLL, str]:
+def _chosen_isa() -> tuple[Optional[str], Optional[str]]:
+    """(instruction set to build, None) or (None, why none): $SPECDEC_CPU_ISA, else the widest
+    this CPU runs."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None, f"needs an x86-64 CPU, this is {platform.machine()}"
+    runs = cpu_isas()
+    want = os.environ.get("SPECDEC_CPU_ISA", "").strip().lower()
+    if want:
+        if want not in ISAS:
+            return None, f"SPECDEC_CPU_ISA must be one of {', '.join(ISAS)}, got {want!r}"
+        if want not in runs:
+            return None, f"SPECDEC_CPU_ISA={want}, but this CPU runs only {', '.join(runs) or 'neither'}"
+        return want, None
+    if not runs:
+        return None, f"needs AVX2 and FMA, torch reports {torch.backends.cpu.get_cpu_capability()}"
+    return runs[-1], None
+
+
+def _build(isa: str) -> tuple[ctypes.CDLL, str]:
+    if isa in _built:
+        return _built[isa]
     cc = _compiler()
     if cc is None:
         raise RuntimeError("no C compiler found ($CC, cc, gcc)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    flags = FLAGS + ISAS[isa][0]
     src = b"".join(f.read_bytes() for f in SOURCES + HEADERS)
-    tag = hashlib.sha256(src + " ".join(FLAGS + LIBS).encode() + version.encode()).hexdigest()[:16]
-    out = _cache_dir() / f"skinny_gemm-{tag}.so"
+    tag = hashlib.sha256(src + " ".join(flags + LIBS).encode() + version.encode()).hexdigest()[:16]
+    out = _cache_dir() / f"skinny-{isa}-{tag}.so"
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)  # built aside, renamed: safe for parallel builds
         os.close(fd)
         try:
-            r = subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-o", tmp, *LIBS], capture_output=True, text=True,
+            r = subprocess.run([cc, *flags, *map(str, SOURCES), "-o", tmp, *LIBS], capture_output=True, text=True,
                                timeout=120)
             if r.returncode != 0:
                 raise RuntimeError(f"{cc} failed on {', '.join(f.name for f in SOURCES)}: {r.stderr.strip()[-2000:]}")
@@ -92,6 +146,12 @@ def _build() -> tuple[ctypes.CDLL, str]:
             if os.path.exists(tmp):
                 os.unlink(tmp)
     lib = ctypes.CDLL(str(out))
+    _declare(lib)
+    _built[isa] = (lib, f"{isa}-{tag}")
+    return _built[isa]
+
+
+def _declare(lib: ctypes.CDLL) -> None:
     lib.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     lib.skinny_linear.restype = None
     lib.skinny_attention.argtypes = ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_int] * 4 + [ctypes.c_void_p] * 3
@@ -111,11 +171,14 @@ def _build() -> tuple[ctypes.CDLL, str]:
     lib.skinny_topk.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_int, ctypes.c_void_p,
                                                                             ctypes.c_void_p]
     lib.skinny_topk.restype = ctypes.c_int64
-    return lib, tag
+    lib.roofline_fma_peak.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int]
+    lib.roofline_fma_peak.restype = ctypes.c_double
+    lib.roofline_read_bandwidth.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
+    lib.roofline_read_bandwidth.restype = ctypes.c_double
 
 
 def _load() -> Optional[ctypes.CDLL]:
-    global _lib, _reason, _tried, _tag
+    global _lib, _reason, _tried, _tag, _isa
     if _tried:
         return _lib
     with _lock:
@@ -123,14 +186,54 @@ def _load() -> Optional[ctypes.CDLL]:
             if os.environ.get("SPECDEC_SKINNY", "1") == "0":
                 _reason = "turned off by SPECDEC_SKINNY=0"
             else:
-                _reason = _cpu_ok()
-                if _reason is None:
+                chosen, _reason = _chosen_isa()
+                if chosen is not None:
                     try:
-                        _lib, _tag = _build()
+                        (_lib, _tag), _isa = _build(chosen), chosen
                     except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-                        _reason = f"could not build the CPU kernels: {e}"
+                        _reason = f"could not build the CPU kernels ({chosen}): {e}"
             _tried = True
     return _lib
+
+
+def isa() -> Optional[str]:
+    """The instruction set of the active build (None when unavailable)."""
+    return _isa if _load() is not None else None
+
+
+def use_isa(name: str) -> Optional[str]:
+    """Make ``name``'s build the active one (built on first use) and return the previous
+    instruction set: for timing both builds in one process. A model tuned before keeps its
+    product plans (measured with the other build): tune it again."""
+    global _lib, _tag, _isa, _reason, _tried
+    if name not in ISAS:
+        raise ValueError(f"isa must be one of {', '.join(ISAS)}, got {name!r}")
+    if name not in cpu_isas():
+        raise ValueError(f"this CPU does not run {name} (it runs {', '.join(cpu_isas()) or 'neither'})")
+    before = isa()
+    built = _build(name)
+    with _lock:
+        (_lib, _tag), _isa, _reason, _tried = built, name, None, True
+    return before
+
+
+def fma_peak_gflops(bits: int, threads: Optional[int] = None, iters: int = 4_000_000) -> float:
+    """The peak FMA rate (GFLOP/s, all ``threads`` at once, default torch's) at ``bits`` = 256 or
+    512 (512 only where the CPU has AVX-512F): independent FMA chains on registers."""
+    lib = _require()
+    if bits not in (256, 512):
+        raise ValueError(f"bits must be 256 or 512, got {bits!r}")
+    if bits == 512 and "avx512f" not in cpu_flags():
+        raise ValueError("this CPU has no 512-bit FMA (no avx512f)")
+    return lib.roofline_fma_peak(bits, iters, threads or torch.get_num_threads())
+
+
+def read_bandwidth_gbs(buffer: torch.Tensor, threads: Optional[int] = None) -> float:
+    """Memory read bandwidth (GB/s, all ``threads`` at once) summing ``buffer`` (a contiguous
+    fp32 CPU tensor, much larger than the caches)."""
+    lib = _require()
+    _check_f32("buffer", buffer)
+    return lib.roofline_read_bandwidth(buffer.data_ptr(), buffer.numel(), threads or torch.get_num_threads(), None)
 
 
 def _require() -> ctypes.CDLL:

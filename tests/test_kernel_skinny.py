@@ -8,9 +8,20 @@ from kernels import skinny
 pytestmark = pytest.mark.skipif(not skinny.available(), reason=f"skinny kernel: {skinny.unavailable_reason()}")
 
 
+@pytest.fixture(params=list(skinny.ISAS))
+def isa(request):
+    """Each build in turn (the active one switched for the test, then switched back); a build
+    this CPU cannot run is skipped with the reason."""
+    if request.param not in skinny.cpu_isas():
+        pytest.skip(f"this CPU does not run {request.param} (flags: {', '.join(skinny.cpu_isas()) or 'neither'})")
+    before = skinny.use_isa(request.param)
+    yield request.param
+    skinny.use_isa(before)
+
+
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("n,k", [(1, 8), (7, 13), (37, 29), (96, 64), (131, 576)])
-def test_matches_reference(n, k, bias):
+def test_matches_reference(n, k, bias, isa):
     """Random shapes: rows of W not a multiple of the tile, K not a multiple of 8, M from 0 to
     beyond the tiles, with and without bias."""
     g = torch.Generator().manual_seed(n * 1000 + k)
@@ -24,7 +35,7 @@ def test_matches_reference(n, k, bias):
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_a_row_does_not_depend_on_its_step(threads):
+def test_a_row_does_not_depend_on_its_step(threads, isa):
     """Bit for bit: a row's result alone, inside any number of rows, at any place, and with any
     thread count is the same (a BLAS switches kernels with M and differs by rounding)."""
     g = torch.Generator().manual_seed(7)
@@ -34,6 +45,65 @@ def test_a_row_does_not_depend_on_its_step(threads):
     for m in range(1, 18):
         for start in (0, 17 - m):
             assert torch.equal(skinny.skinny_linear(x[start:start + m], w, b, threads=threads), alone[start:start + m])
+
+
+def test_the_two_builds_differ_only_by_rounding():
+    """The same products in both builds: each close to the reference, and (16 lanes summed
+    against 8) not bit for bit the other's, so a test run on one build says nothing of the other."""
+    if len(skinny.cpu_isas()) < 2:
+        pytest.skip(f"this CPU runs only {', '.join(skinny.cpu_isas())}")
+    g = torch.Generator().manual_seed(3)
+    w, x = torch.randn(64, 576, generator=g), torch.randn(9, 576, generator=g)
+    before = skinny.isa()
+    try:
+        got = {}
+        for name in ("avx2", "avx512"):
+            skinny.use_isa(name)
+            got[name] = skinny.skinny_linear(x, w)
+    finally:
+        skinny.use_isa(before)
+    torch.testing.assert_close(got["avx2"], got["avx512"], atol=1e-4, rtol=1e-5)
+    assert not torch.equal(got["avx2"], got["avx512"])
+
+
+def test_the_instruction_set_is_chosen_from_the_cpu_and_the_environment(monkeypatch):
+    monkeypatch.setattr(skinny, "cpu_isas", lambda: ["avx2", "avx512"])
+    monkeypatch.delenv("SPECDEC_CPU_ISA", raising=False)
+    assert skinny._chosen_isa() == ("avx512", None)  # the widest
+    monkeypatch.setenv("SPECDEC_CPU_ISA", "AVX2")
+    assert skinny._chosen_isa() == ("avx2", None)
+    monkeypatch.setenv("SPECDEC_CPU_ISA", "avx1024")
+    assert skinny._chosen_isa()[1] == "SPECDEC_CPU_ISA must be one of avx2, avx512, got 'avx1024'"
+    monkeypatch.setattr(skinny, "cpu_isas", lambda: ["avx2"])
+    monkeypatch.setenv("SPECDEC_CPU_ISA", "avx512")
+    assert skinny._chosen_isa()[1] == "SPECDEC_CPU_ISA=avx512, but this CPU runs only avx2"
+    monkeypatch.delenv("SPECDEC_CPU_ISA")
+    assert skinny._chosen_isa() == ("avx2", None)
+    with pytest.raises(ValueError, match="does not run avx512"):
+        skinny.use_isa("avx512")
+    with pytest.raises(ValueError, match="isa must be one of"):
+        skinny.use_isa("sse2")
+
+
+def test_cpu_isas_reads_the_cpu_flags(monkeypatch):
+    monkeypatch.setattr(skinny, "cpu_flags", lambda: {"avx2", "fma", "avx512f", "avx512dq", "avx512bw"})
+    assert skinny.cpu_isas() == ["avx2"]  # no avx512vl: not the 512-bit build
+    monkeypatch.setattr(skinny, "cpu_flags", lambda: {"avx2", "fma", "avx512f", "avx512dq", "avx512bw", "avx512vl"})
+    assert skinny.cpu_isas() == ["avx2", "avx512"]
+    monkeypatch.setattr(skinny, "cpu_flags", lambda: {"sse4_2"})
+    assert skinny.cpu_isas() == []
+
+
+def test_roofline_probes():
+    """Rates, not timings: positive, and the arguments checked (the values are the machine's)."""
+    assert skinny.fma_peak_gflops(256, threads=1, iters=100_000) > 0
+    if "avx512f" in skinny.cpu_flags():
+        assert skinny.fma_peak_gflops(512, threads=1, iters=100_000) > 0
+    with pytest.raises(ValueError, match="bits must be 256 or 512"):
+        skinny.fma_peak_gflops(128)
+    assert skinny.read_bandwidth_gbs(torch.ones(1 << 20), threads=2) > 0
+    with pytest.raises(ValueError, match="buffer"):
+        skinny.read_bandwidth_gbs(torch.ones(8, dtype=torch.float64))
 
 
 def test_bad_input_is_named():
@@ -56,6 +126,7 @@ def test_build_failure_leaves_it_unavailable(monkeypatch, tmp_path):
     monkeypatch.setattr(skinny, "_tried", False)
     monkeypatch.setattr(skinny, "_lib", None)
     monkeypatch.setattr(skinny, "_reason", None)
+    monkeypatch.setattr(skinny, "_built", {})  # nothing built in this process either
     monkeypatch.setenv("SPECDEC_KERNEL_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "/bin/false")  # "compiles" nothing
     assert not skinny.available()
@@ -230,7 +301,7 @@ def all_skinny(model):
     return model
 
 
-def test_forward_with_and_without_the_kernels(monkeypatch):
+def test_forward_with_and_without_the_kernels(monkeypatch, isa):
     """The tiny model's logits with every CPU kernel (products, attention, norms, SiLU) and
     with none of them agree to float rounding."""
     from helpers import ours_from_hf, tiny_hf_model
@@ -256,7 +327,7 @@ def test_forward_with_and_without_the_kernels(monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: q/k/v biases
-def test_whole_stack_call_is_bit_for_bit_the_per_op_path(monkeypatch, arch):
+def test_whole_stack_call_is_bit_for_bit_the_per_op_path(monkeypatch, arch, isa):
     """Every layer in one C call (a ragged batch: one sequence with a tree mask, one causal)
     gives the same logits and the same cache, bit for bit, as the per-op forward, and runs."""
     from helpers import ours_from_hf, tiny_hf_model

@@ -1,27 +1,30 @@
-/* y = x @ W.T (+ b) for few rows of x, fp32, AVX2 + FMA, OpenMP over the rows of W.
+/* y = x @ W.T (+ b) for few rows of x, fp32, OpenMP over the rows of W. Built twice by
+ * kernels/skinny.py: with AVX2 + FMA (8-lane vectors) and, for CPUs that have it, with AVX-512
+ * (16-lane vectors, 32 registers); the preprocessor picks the tiles below.
  *
  * x (M, K), W (N, K) and y (M, N) are contiguous and row-major; W is nn.Linear's own weight,
  * so no second copy of it is made. W is read from memory once per call whatever M is: its rows
  * are taken C at a time (a tile, which stays in L1 while every row of x passes over it, with
- * one 8-lane accumulator per (row of x, row of W)), and x R rows at a time:
- *   M = 1: 1 x 8 tiles (memory-bound: many rows of W in flight);
- *   M = 2, 3: 2 x 6 and 1 x 6;
- *   M >= 4: 4 x 3 tiles (12 accumulators + 3 rows of W + 1 of x = the 16 AVX2 registers,
- *           7 loads per 12 FMAs), the rest of M in 3 x 3, 2 x 3, 1 x 3;
- * while a tile is computed, the rows of the tile PF_TILES ahead are prefetched into L2 (not L1:
- * software prefetches into L1 hold the core's few L1 miss buffers, so memory could not stream
- * while the tile was computed; measured on a 2-core Zen 4, a 3072 x 576 product at 8 rows took
- * 1.6x its one-row time with L1 prefetches and 1.0x with L2 prefetches, and the one-row product
- * itself got 5-10% faster). Every pass of x over the tile issues them again (a prefetch of a
- * line already on its way costs little, and a burst from the first pass alone left 12-16-row
- * products 1.4x slower than the same product with W in cache). OpenMP threads take
- * contiguous ranges of tiles.
+ * one vector accumulator per (row of x, row of W)), and x R rows at a time. The tile shapes
+ * use the registers there are (accumulators + C rows of W + 1 of x):
+ *   AVX2 (16 registers):   M = 1: 1 x 8; M = 2, 3: 2 x 6 and 1 x 6; M >= 4: 4 x 3 (7 loads per
+ *                          12 FMAs), the rest of M in 3 x 3, 2 x 3, 1 x 3;
+ *   AVX-512 (32 registers): M = 1: 1 x 8; M = 2, 3: 2 x 8 and 1 x 8; M >= 4: 4 x 6 (10 loads per
+ *                          24 FMAs), the rest of M in 3 x 6, 2 x 6, 1 x 6.
+ * In the AVX-512 build the C rows of W of a k step are loaded into registers once and kept
+ * there for the R rows of x (an empty asm statement stops the compiler from folding them back
+ * into each FMA as a memory operand, which reloads W for every row of x). While a tile is computed, the rows of
+ * the tile PF_TILES ahead are prefetched into L2 (not L1: software prefetches into L1 hold the
+ * core's few L1 miss buffers, so memory could not stream while the tile was computed); every
+ * pass of x over the tile issues them again (a burst from the first pass alone left 12-16-row
+ * products slower than with W in cache). OpenMP threads take contiguous ranges of tiles.
  *
  * Every output y[m, n] is computed by the same sequence of operations whatever M, m and the
- * tile it falls in: acc = fma(x[m, k:k+8], W[n, k:k+8], acc) for k = 0, 8, ... ascending,
- * one fixed horizontal sum, the K % 8 tail in order, then the bias. A row's result therefore
- * does not depend on how many rows the step has (bit for bit), unlike a BLAS that switches
- * kernels with M. kernels/skinny.py builds this file and holds its torch reference.
+ * tile it falls in: acc = fma(x[m, k:k+V], W[n, k:k+V], acc) for k = 0, V, ... ascending
+ * (V = 8 or 16 lanes), one fixed horizontal sum, the K % V tail in order, then the bias. A
+ * row's result therefore does not depend on how many rows the step has (bit for bit), unlike a
+ * BLAS that switches kernels with M. The two builds sum in different orders and so differ from
+ * each other by rounding. kernels/skinny.py builds this file and holds its torch reference.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -29,74 +32,127 @@
 
 #include "skinny_common.h"
 
+#if defined(__AVX512F__)
+typedef __m512 vec;
+#define V 16
+#define VZERO _mm512_setzero_ps
+#define VLOAD _mm512_loadu_ps
+#define VFMA _mm512_fmadd_ps
+/* an empty asm statement: the compiler must hold v in a register rather than fold its load into
+ * each FMA (32 registers leave room for a tile's rows of W) */
+#define KEEP_IN_REGISTER(v) __asm__("" : "+v"(v))
+/* the 16 lanes: the two halves added, then the AVX2 build's 8-lane sum */
+static inline float vsum(__m512 v) {
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
+}
+#else
+typedef __m256 vec;
+#define V 8
+#define VZERO _mm256_setzero_ps
+#define VLOAD _mm256_loadu_ps
+#define VFMA _mm256_fmadd_ps
+#define KEEP_IN_REGISTER(v) /* 16 registers: tiles of more than 3 rows of W fold them into the FMAs */
+#define vsum hsum8
+#endif
+
 /* R rows of x (from x, stride K) times the C rows of W in w[] -> y (stride N), columns n..n+nc-1 */
 #define TILE(R, C)                                                                                        \
     static inline void tile_##R##x##C(const float *x, const float *const *w, const float *b, float *y,   \
                                       int64_t N, int64_t K, int64_t n, int nc, int64_t pf) {             \
-        __m256 acc[R][C];                                                                                 \
+        vec acc[R][C];                                                                                    \
         _Pragma("GCC unroll 8") for (int i = 0; i < R; i++)                                              \
-            _Pragma("GCC unroll 8") for (int j = 0; j < C; j++) acc[i][j] = _mm256_setzero_ps();          \
-        const int64_t K8 = K & ~(int64_t)7;                                                               \
-        for (int64_t k = 0; k < K8; k += 8) {                                                             \
-            __m256 wv[C];                                                                                 \
-            _Pragma("GCC unroll 8") for (int j = 0; j < C; j++) wv[j] = _mm256_loadu_ps(w[j] + k);        \
+            _Pragma("GCC unroll 8") for (int j = 0; j < C; j++) acc[i][j] = VZERO();                      \
+        const int64_t KV = K & ~(int64_t)(V - 1);                                                         \
+        for (int64_t k = 0; k < KV; k += V) {                                                             \
+            vec wv[C];                                                                                    \
+            _Pragma("GCC unroll 8") for (int j = 0; j < C; j++) {                                        \
+                wv[j] = VLOAD(w[j] + k);                                                                  \
+                KEEP_IN_REGISTER(wv[j]);                                                                  \
+            }                                                                                             \
             if (pf && !(k & 15))                                                                          \
                 _Pragma("GCC unroll 8") for (int j = 0; j < C; j++) _mm_prefetch((const char *)(w[j] + k + pf), _MM_HINT_T1); \
             _Pragma("GCC unroll 8") for (int i = 0; i < R; i++) {                                         \
-                const __m256 xv = _mm256_loadu_ps(x + i * K + k);                                         \
+                const vec xv = VLOAD(x + i * K + k);                                                      \
                 _Pragma("GCC unroll 8") for (int j = 0; j < C; j++)                                       \
-                    acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);                                    \
+                    acc[i][j] = VFMA(xv, wv[j], acc[i][j]);                                               \
             }                                                                                             \
         }                                                                                                 \
         float sum[R][C]; /* constant indices above keep acc in registers */                              \
         _Pragma("GCC unroll 8") for (int i = 0; i < R; i++)                                              \
-            _Pragma("GCC unroll 8") for (int j = 0; j < C; j++) sum[i][j] = hsum8(acc[i][j]);             \
+            _Pragma("GCC unroll 8") for (int j = 0; j < C; j++) sum[i][j] = vsum(acc[i][j]);              \
         for (int i = 0; i < R; i++)                                                                       \
             for (int j = 0; j < nc; j++) {                                                                \
                 float s = sum[i][j];                                                                      \
-                for (int64_t k = K8; k < K; k++) s += x[i * K + k] * w[j][k];                            \
+                for (int64_t k = KV; k < K; k++) s += x[i * K + k] * w[j][k];                            \
                 if (b) s += b[n + j];                                                                     \
                 y[i * N + n + j] = s;                                                                     \
             }                                                                                             \
     }
 
-/* few rows (M < 4): wide tiles of W, many rows of W in flight per thread (memory-bound) */
+#if defined(__AVX512F__)
+#define WIDE 8  /* M = 1 */
+#define MID 8   /* M = 2, 3 */
+#define NARROW 6 /* M >= 4 */
+TILE(1, 8)
+TILE(2, 8)
+TILE(4, 6)
+TILE(3, 6)
+TILE(2, 6)
+TILE(1, 6)
+#define TILE_ONE tile_1x8
+#define TILE_MID2 tile_2x8
+#define TILE_MID1 tile_1x8
+#define TILE_4 tile_4x6
+#define TILE_3 tile_3x6
+#define TILE_2 tile_2x6
+#define TILE_1 tile_1x6
+#else
 #define WIDE 8
+#define MID 6
+#define NARROW 3
 TILE(1, 8)
 TILE(2, 6)
 TILE(1, 6)
-/* more rows: 4 x 3 tiles, 12 accumulators + 3 W + 1 x registers: 7 loads per 12 FMAs */
-#define NARROW 3
 TILE(4, 3)
 TILE(3, 3)
 TILE(2, 3)
 TILE(1, 3)
+#define TILE_ONE tile_1x8
+#define TILE_MID2 tile_2x6
+#define TILE_MID1 tile_1x6
+#define TILE_4 tile_4x3
+#define TILE_3 tile_3x3
+#define TILE_2 tile_2x3
+#define TILE_1 tile_1x3
+#endif
+#define MAX_C 8 /* the widest tile of either build */
 
 /* how many tiles ahead the rows of W are prefetched */
 #define PF_TILES 2
 
-/* rows n0..n1 of W (n0 a multiple of C = tile_cols(M)) */
-static int tile_cols(int64_t M) { return M == 1 ? WIDE : M < 4 ? 6 : NARROW; }
+static int tile_cols(int64_t M) { return M == 1 ? WIDE : M < 4 ? MID : NARROW; }
 
+/* rows n0..n1 of W (n0 a multiple of C = tile_cols(M)) */
 static void rows(const float *x, const float *W, const float *b, float *y, int64_t M, int64_t N, int64_t K,
                  int64_t n0, int64_t n1) {
     const int C = tile_cols(M);
     for (int64_t n = n0; n < n1; n += C) {
         const int nc = n1 - n < C ? (int)(n1 - n) : C;
-        const float *w[WIDE];
-        for (int j = 0; j < WIDE; j++) w[j] = W + (n + (j < nc ? j : 0)) * K; /* past the tile: row n again */
-        const int64_t PF = n + (PF_TILES + 1) * C <= n1 ? PF_TILES * C * K : 0; /* while that tile is ours */
+        const float *w[MAX_C];
+        for (int j = 0; j < MAX_C; j++) w[j] = W + (n + (j < nc ? j : 0)) * K; /* past the tile: row n again */
+        int64_t PF = n + (PF_TILES + 1) * C <= n1 ? PF_TILES * C * K : 0; /* while that tile is ours */
         int64_t m = 0;
         if (M == 1) {
-            tile_1x8(x, w, b, y, N, K, n, nc, PF);
+            TILE_ONE(x, w, b, y, N, K, n, nc, PF);
         } else if (M < 4) {
-            for (; m + 2 <= M; m += 2) tile_2x6(x + m * K, w, b, y + m * N, N, K, n, nc, PF);
-            if (m < M) tile_1x6(x + m * K, w, b, y + m * N, N, K, n, nc, PF);
+            for (; m + 2 <= M; m += 2) TILE_MID2(x + m * K, w, b, y + m * N, N, K, n, nc, PF);
+            if (m < M) TILE_MID1(x + m * K, w, b, y + m * N, N, K, n, nc, PF);
         } else {
-            for (; m + 4 <= M; m += 4) tile_4x3(x + m * K, w, b, y + m * N, N, K, n, nc, PF);
-            if (M - m == 3) tile_3x3(x + m * K, w, b, y + m * N, N, K, n, nc, PF);
-            else if (M - m == 2) tile_2x3(x + m * K, w, b, y + m * N, N, K, n, nc, PF);
-            else if (M - m == 1) tile_1x3(x + m * K, w, b, y + m * N, N, K, n, nc, PF);
+            for (; m + 4 <= M; m += 4) TILE_4(x + m * K, w, b, y + m * N, N, K, n, nc, PF);
+            if (M - m == 3) TILE_3(x + m * K, w, b, y + m * N, N, K, n, nc, PF);
+            else if (M - m == 2) TILE_2(x + m * K, w, b, y + m * N, N, K, n, nc, PF);
+            else if (M - m == 1) TILE_1(x + m * K, w, b, y + m * N, N, K, n, nc, PF);
         }
     }
 }
