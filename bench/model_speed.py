@@ -111,6 +111,50 @@ def make_timer(device: torch.device, reps: int):
     return run
 
 
+def product_flops(model: Transformer) -> tuple[int, int]:
+    """(flops of one step row through every layer's products, flops of one logits row of the LM
+    head): 2 per weight. Attention's flops are left out (small next to them at these contexts)."""
+    layers = sum(2 * m.weight.numel() for layer in model.layers for m in layer.modules() if isinstance(m, Linear))
+    return layers, 2 * model.head_weight.numel()
+
+
+def roofline(device: torch.device, dtype: torch.dtype, timer, copy_gbs: float) -> dict:
+    """The machine's roofline, measured now: the peak rate of the step's arithmetic and the
+    memory bandwidth weights stream at. CPU (fp32): the FMA peak at each vector width the CPU
+    has and the read bandwidth, every thread (kernels/cpu/roofline.c); GPU: a large matrix
+    product in ``dtype`` and the copy bandwidth."""
+    if device.type == "cuda":
+        n = 8192
+        a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+        ms = timer(lambda: a @ b)
+        return dict(peak_gflops={"matmul": 2 * n ** 3 / (ms * 1e-3) / 1e9}, bandwidth_gbs=copy_gbs,
+                    bandwidth_from="copy bandwidth (read + write counted)")
+    from kernels import skinny
+    if not skinny.available():
+        return dict(peak_gflops={}, bandwidth_gbs=copy_gbs, bandwidth_from="copy bandwidth (read + write counted)",
+                    note=f"no FMA probe: {skinny.unavailable_reason()}")
+    widths = [256] + ([512] if "avx512f" in skinny.cpu_flags() else [])
+    peaks = {str(bits): max(skinny.fma_peak_gflops(bits) for _ in range(3)) for bits in widths}
+    buf = torch.ones(128 << 20)  # 512 MB, far past the caches
+    read = max(skinny.read_bandwidth_gbs(buf) for _ in range(3))
+    del buf
+    return dict(peak_gflops=peaks, bandwidth_gbs=read, bandwidth_from="read bandwidth (8 streams per thread)",
+                threads=torch.get_num_threads(), isa=skinny.isa())
+
+
+def against_roofline(ms: float, wbytes: int, flops: int, roof: dict) -> dict:
+    """A forward of ``flops`` reading ``wbytes`` of weights in ``ms``, against the roofline: its
+    floor (the larger of the weights' time at the bandwidth and the flops' at the best peak),
+    the forward as a multiple of it, and its rate as a share of the peak."""
+    peak = max(roof["peak_gflops"].values(), default=0.0)
+    mem_ms = wbytes / (roof["bandwidth_gbs"] * 1e9) * 1e3
+    flop_ms = flops / (peak * 1e9) * 1e3 if peak else 0.0
+    floor = max(mem_ms, flop_ms)
+    return dict(flops=flops, gflops=flops / (ms * 1e-3) / 1e9, roofline_ms=floor,
+                vs_roofline=ms / floor, peak_frac=(flops / (ms * 1e-3) / 1e9 / peak) if peak else None,
+                bound="memory" if mem_ms >= flop_ms else "compute")
+
+
 def copy_bandwidth(device: torch.device, timer, nbytes: int) -> float:
     """Device copy bandwidth in GB/s, read + write counted."""
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
@@ -173,20 +217,38 @@ def measure(args) -> dict:
     vocab = cfg.vocab_size
     gen = torch.Generator().manual_seed(0)
     copy_gbs = copy_bandwidth(device, timer, args.copy_mb << 20)
+    roof = roofline(device, dtype, timer, copy_gbs)
+    layer_flops, head_flops = product_flops(model)
 
-    tables = None if args.no_tune else tune_model(model, args.cache_dir, args.extra_weight_memory)
+    isas = args.isa or [None]  # CPU builds to time side by side (kernels/skinny.py), None: the active one
+    tables = {}
 
-    def timed(inputs: list[StepInput]) -> tuple[float, float, float, Optional[float], Optional[bool]]:
-        """(forward ms, runner step ms, baseline forward ms, replayed forward ms, whether it
-        replayed); the last two None without graphs. The replayed forward is
-        ``ModelRunner.forward`` on the prepared step: the static inputs filled, the graph
+    def use(isa) -> None:
+        """Switch to ``isa``'s build and install its product plans (tuned once per build)."""
+        if isa is not None:
+            from kernels import skinny
+            skinny.use_isa(isa)
+        if not args.no_tune:
+            tables[isa or "default"] = tune_model(model, args.cache_dir, args.extra_weight_memory)
+
+    for isa in isas:  # tune every build before anything is timed
+        use(isa)
+
+    def timed(inputs: list[StepInput], isa, first: bool) -> tuple[float, float, Optional[float], Optional[float],
+                                                                   Optional[bool]]:
+        """(forward ms, runner step ms, baseline forward ms (the first build only), replayed
+        forward ms, whether it replayed); the last two None without graphs. The replayed forward
+        is ``ModelRunner.forward`` on the prepared step: the static inputs filled, the graph
         replayed, the logits copied out (a step too large for a graph runs eagerly there)."""
+        if len(isas) > 1:
+            use(isa)
         tokens, meta, idx = runner.prepare(inputs)
-        replay = replayed = None
+        replay = replayed = base_fwd = None
         with torch.inference_mode():
             fwd = timer(lambda: model(tokens, meta, runner.cache.k, runner.cache.v, idx))
-            with baseline_forward(model):
-                base_fwd = timer(lambda: model(tokens, meta, runner.cache.k, runner.cache.v, idx))
+            if first:
+                with baseline_forward(model):
+                    base_fwd = timer(lambda: model(tokens, meta, runner.cache.k, runner.cache.v, idx))
             if runner.graphs is not None:
                 eager_before = runner.graphs.stats["eager"]
                 replay = timer(lambda: runner.forward(tokens, meta, idx))
@@ -195,42 +257,50 @@ def measure(args) -> dict:
         return fwd, step, base_fwd, replay, replayed
 
     decode = []
-    bar = _progress(len(args.batch) + len(args.step_batch) * len(args.step_tokens))
+    bar = _progress((len(args.batch) + len(args.step_batch) * len(args.step_tokens)) * len(isas))
     for b in args.batch:
         seqs = setup_batch(runner, b, args.context)
         inputs = [StepInput(s, [int(torch.randint(0, vocab, (1,), generator=gen))]) for s in seqs]
-        fwd, step, base_fwd, replay, replayed = timed(inputs)
-        kv_bytes = b * args.context * kv_per_token
-        row = dict(batch=b, context=args.context, forward_ms=fwd, step_ms=step, baseline_ms=base_fwd,
-                   tok_s=b / (fwd * 1e-3), weight_gbs=wbytes / (fwd * 1e-3) / 1e9,
-                   weight_kv_gbs=(wbytes + kv_bytes) / (fwd * 1e-3) / 1e9,
-                   weight_bw_frac=wbytes / (fwd * 1e-3) / 1e9 / copy_gbs)
-        if replay is not None:
-            row.update(replay_ms=replay, replayed=replayed, graph_speedup=fwd / replay,
-                       replay_tok_s=b / (replay * 1e-3), replay_weight_gbs=wbytes / (replay * 1e-3) / 1e9,
-                       replay_bw_frac=wbytes / (replay * 1e-3) / 1e9 / copy_gbs)
-        decode.append(row)
-        bar.update()
+        base_fwd = None
+        for i, isa in enumerate(isas):  # the builds back to back at each point: the machine's drift falls on both
+            fwd, step, bf, replay, replayed = timed(inputs, isa, i == 0)
+            base_fwd = bf if i == 0 else base_fwd
+            kv_bytes = b * args.context * kv_per_token
+            row = dict(batch=b, context=args.context, forward_ms=fwd, step_ms=step, baseline_ms=base_fwd,
+                       tok_s=b / (fwd * 1e-3), weight_gbs=wbytes / (fwd * 1e-3) / 1e9,
+                       weight_kv_gbs=(wbytes + kv_bytes) / (fwd * 1e-3) / 1e9,
+                       weight_bw_frac=wbytes / (fwd * 1e-3) / 1e9 / copy_gbs, isa=isa,
+                       **against_roofline(fwd, wbytes, b * (layer_flops + head_flops), roof))
+            if replay is not None:
+                row.update(replay_ms=replay, replayed=replayed, graph_speedup=fwd / replay,
+                           replay_tok_s=b / (replay * 1e-3), replay_weight_gbs=wbytes / (replay * 1e-3) / 1e9,
+                           replay_bw_frac=wbytes / (replay * 1e-3) / 1e9 / copy_gbs)
+            decode.append(row)
+            bar.update()
 
     curve = []
     for b in args.step_batch:
         seqs = setup_batch(runner, b, args.context)
-        base = None
+        base = {}
         for T in args.step_tokens:
             inputs = []
             for s in seqs:
                 depth, mask = random_tree(T, gen)
                 toks = torch.randint(0, vocab, (T,), generator=gen).tolist()
                 inputs.append(StepInput(s, toks, depths=depth, mask=None if T == 1 else mask))
-            fwd, step, base_fwd, replay, replayed = timed(inputs)
-            base = base or (fwd, step, base_fwd, replay)
-            row = dict(batch=b, step_tokens=T, context=args.context, forward_ms=fwd, step_ms=step,
-                       forward_rel=fwd / base[0], step_rel=step / base[1], baseline_ms=base_fwd,
-                       baseline_rel=base_fwd / base[2])
-            if replay is not None:
-                row.update(replay_ms=replay, replay_rel=replay / base[3], replayed=replayed)
-            curve.append(row)
-            bar.update()
+            base_fwd = None
+            for i, isa in enumerate(isas):
+                fwd, step, bf, replay, replayed = timed(inputs, isa, i == 0)
+                base_fwd = bf if i == 0 else base_fwd
+                first = base.setdefault(isa, (fwd, step, base_fwd, replay))
+                row = dict(batch=b, step_tokens=T, context=args.context, forward_ms=fwd, step_ms=step,
+                           forward_rel=fwd / first[0], step_rel=step / first[1], baseline_ms=base_fwd,
+                           baseline_rel=base_fwd / base[isas[0]][2], isa=isa,
+                           **against_roofline(fwd, wbytes, b * T * (layer_flops + head_flops), roof))
+                if replay is not None:
+                    row.update(replay_ms=replay, replay_rel=replay / first[3], replayed=replayed)
+                curve.append(row)
+                bar.update()
     bar.close()
 
     import triton
@@ -239,7 +309,10 @@ def measure(args) -> dict:
                     triton_interpreted=kernel == "triton" and triton_interpreted(), shape=args.shape,
                     config={k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "intermediate_size",
                                                          "num_layers", "num_heads", "num_kv_heads", "head_dim")},
-                    weight_bytes=wbytes, copy_gbs=copy_gbs, product_tables=tables, torch=torch.__version__, triton=triton.__version__,
+                    weight_bytes=wbytes, copy_gbs=copy_gbs, roofline=roof, layer_flops_per_row=layer_flops,
+                    head_flops_per_row=head_flops, isas=isas,
+                    product_tables=(tables.get("default") if isas == [None] else tables) if tables else None,
+                    torch=torch.__version__, triton=triton.__version__,
                     python=platform.python_version(), command=" ".join(sys.argv),
                     cuda_graphs=bool(args.cuda_graphs),
                     graph_stats=None if runner.graphs is None else dict(runner.graphs.stats, failed=runner.graphs.failed)),
@@ -269,11 +342,12 @@ def markdown(res: dict) -> str:
              "plain F.linear and attention worked out per layer (the previous forward), same weights, same run; "
              "step: `ModelRunner.step`, host packing included"
              + (", replayed from CUDA graphs." if h.get("cuda_graphs") else ", eager.") , "",
+             _roofline_line(h), "",
              "## Decode (one token per sequence)", "",
              "| batch | context | forward ms | baseline ms | speedup | step ms | tok/s | weight GB/s | weight+KV GB/s "
              "| weight BW / copy BW |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["decode"]:
-        lines.append(f"| {r['batch']} | {r['context']} | {r['forward_ms']:.3f} | {r['baseline_ms']:.3f} "
+        lines.append(f"| {_b(r)} | {r['context']} | {r['forward_ms']:.3f} | {r['baseline_ms']:.3f} "
                      f"| {r['baseline_ms'] / r['forward_ms']:.2f} | {r['step_ms']:.3f} | "
                      f"{r['tok_s']:.1f} | {r['weight_gbs']:.1f} | {r['weight_kv_gbs']:.1f} | "
                      f"{100 * r['weight_bw_frac']:.1f}% |")
@@ -281,8 +355,9 @@ def markdown(res: dict) -> str:
               "| batch | step tokens | forward ms | x one-token forward | baseline ms | baseline x one-token | "
               "step ms | x one-token step |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["step_cost"]:
-        lines.append(f"| {r['batch']} | {r['step_tokens']} | {r['forward_ms']:.3f} | {r['forward_rel']:.2f} | "
+        lines.append(f"| {_b(r)} | {r['step_tokens']} | {r['forward_ms']:.3f} | {r['forward_rel']:.2f} | "
                      f"{r['baseline_ms']:.3f} | {r['baseline_rel']:.2f} | {r['step_ms']:.3f} | {r['step_rel']:.2f} |")
+    lines += _roofline_table(res)
     if any("replay_ms" in r for r in res["decode"] + res["step_cost"]):
         g = h.get("graph_stats") or {}
         lines += ["", "## Replayed from CUDA graphs", "",
@@ -304,6 +379,34 @@ def markdown(res: dict) -> str:
                              f"{r['forward_ms'] / r['replay_ms']:.2f} | {r['replay_rel']:.2f} | | | "
                              f"{'yes' if r['replayed'] else 'no'} |")
     return "\n".join(lines) + "\n"
+
+
+def _b(r: dict) -> str:
+    """A row's batch, with its CPU build where several were timed."""
+    return f"{r['batch']} ({r['isa']})" if r.get("isa") else str(r["batch"])
+
+
+def _roofline_line(h: dict) -> str:
+    r = h.get("roofline") or {}
+    peaks = ", ".join(f"{k}{'-bit FMA' if k.isdigit() else ''} {v:.0f} GFLOP/s" for k, v in r.get("peak_gflops", {}).items())
+    return (f"roofline (measured in this run): peak {peaks or 'not measured'}; {r.get('bandwidth_from', 'bandwidth')} "
+            f"{r.get('bandwidth_gbs', 0):.1f} GB/s; products {h.get('layer_flops_per_row', 0) / 1e6:.0f} MFLOP per step "
+            f"row + {h.get('head_flops_per_row', 0) / 1e6:.0f} per logits row. A step's floor: the larger of its weight "
+            "bytes at that bandwidth and its product flops at the best peak.")
+
+
+def _roofline_table(res: dict) -> list[str]:
+    lines = ["", "## Against the roofline", "",
+             "| build | batch | step tokens | forward ms | floor ms | bound | forward / floor | GFLOP/s | share of peak |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+    rows = [dict(r, step_tokens=1) for r in res["decode"]] + res["step_cost"]
+    for r in rows:
+        if "roofline_ms" not in r:
+            continue
+        share = "" if r["peak_frac"] is None else f"{100 * r['peak_frac']:.0f}%"
+        lines.append(f"| {r.get('isa') or 'active'} | {r['batch']} | {r['step_tokens']} | {r['forward_ms']:.2f} | "
+                     f"{r['roofline_ms']:.2f} | {r['bound']} | {r['vs_roofline']:.2f} | {r['gflops']:.0f} | {share} |")
+    return lines
 
 
 def chart(res: dict, path: Path) -> Optional[Path]:
@@ -346,6 +449,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--copy-mb", type=int, default=None, help="buffer of the copy-bandwidth probe (default 1024 GPU, 256 CPU)")
     p.add_argument("--quick", action="store_true", help="few small sizes (smoke test)")
     p.add_argument("--no-tune", action="store_true", help="keep every product plain F.linear (no tuning)")
+    p.add_argument("--isa", type=lambda t: [x.strip() for x in t.split(",") if x.strip()], default=None,
+                   help="CPU kernel builds to time side by side at every point, e.g. avx2,avx512 (default: the "
+                        "active one; kernels/skinny.py, SPECDEC_CPU_ISA)")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="time the runner's step replayed from CUDA graphs (the step ms columns; needs a GPU "
                         "and --kernel triton)")
@@ -371,6 +477,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.step_batch = args.step_batch or [1, 8]
     if args.copy_mb is None:
         args.copy_mb = 1024 if gpu else 256
+    if args.isa:
+        from kernels import skinny
+        if gpu and (args.device or "cuda").startswith("cuda"):
+            p.error("--isa chooses CPU kernel builds: add --device cpu")
+        bad = [x for x in args.isa if x not in skinny.ISAS]
+        if bad:
+            p.error(f"--isa: unknown {bad}; choose from {','.join(skinny.ISAS)}")
+        missing = [x for x in args.isa if x not in skinny.cpu_isas()]
+        if missing:
+            p.error(f"--isa: this CPU does not run {missing} (it runs {','.join(skinny.cpu_isas()) or 'neither'})")
     if args.context < 1:
         p.error(f"--context must be >= 1, got {args.context}")
     if args.copy_mb < 1:

@@ -76,6 +76,29 @@ def test_quick_run_writes_tables_and_chart(tmp_path):
     assert (out / "step_cost.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_each_step_is_set_against_the_measured_roofline(tmp_path):
+    from kernels import skinny
+
+    if not skinny.available():
+        pytest.skip(f"skinny kernel: {skinny.unavailable_reason()}")
+    isas = skinny.cpu_isas()
+    res = main(["--shape", "tiny", "--quick", "--device", "cpu", "--kernel", "torch", "--isa", ",".join(isas),
+                "--out", str(tmp_path / "speed"), "--cache-dir", str(tmp_path / "cache")])
+    roof = res["header"]["roofline"]
+    assert set(roof["peak_gflops"]) == ({"256", "512"} if "avx512f" in skinny.cpu_flags() else {"256"})
+    assert all(v > 0 for v in roof["peak_gflops"].values()) and roof["bandwidth_gbs"] > 0
+    layer, head = res["header"]["layer_flops_per_row"], res["header"]["head_flops_per_row"]
+    assert layer == 2 * 2 * (128 * 256 + 128 * 128 + 128 * 512 + 256 * 128) and head == 2 * 512 * 128
+    peak = max(roof["peak_gflops"].values())
+    for r in res["step_cost"]:
+        assert r["flops"] == r["batch"] * r["step_tokens"] * (layer + head)
+        floor = max(res["header"]["weight_bytes"] / (roof["bandwidth_gbs"] * 1e9), r["flops"] / (peak * 1e9)) * 1e3
+        assert r["roofline_ms"] == pytest.approx(floor) and r["vs_roofline"] == pytest.approx(r["forward_ms"] / floor)
+    # every point timed on each build, back to back
+    assert [r["isa"] for r in res["step_cost"]] == isas * 6 and skinny.isa() == isas[-1]
+    assert "## Against the roofline" in (tmp_path / "speed" / "model_speed.md").read_text()
+
+
 def test_bad_arguments_are_rejected():
     with pytest.raises(SystemExit):
         main(["--shape", "tiny", "--batch", "0"])
@@ -83,6 +106,8 @@ def test_bad_arguments_are_rejected():
         main(["--shape", "tiny", "--step-tokens", "2048"])
     with pytest.raises(SystemExit):
         main(["--shape", "tiny", "--copy-mb", "0"])
+    with pytest.raises(SystemExit):
+        main(["--shape", "tiny", "--isa", "avx1024"])
 
 
 def test_profile_step_runs_and_counts_per_forward(tmp_path):
