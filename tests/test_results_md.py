@@ -17,3 +17,8 @@ def test_every_run_is_a_results_file_under_bench_results():
     for rel, note in results_md.RUNS:
         assert rel.startswith("bench/results/") and (ROOT / rel).is_file() and note
 
+
+
+def test_readme_headline_is_the_first_run():
+    assert results_md.headline() in (ROOT / "README.md").read_text(), \
+        "the README's headline table differs from python -c 'from bench.results_md import headline; print(headline())'"
