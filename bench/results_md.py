@@ -58,6 +58,10 @@ def _table(s: dict, methods: list[str], cols: list[str], cell) -> list[str]:
     return out + [""]
 
 
+def _identical(x: dict | None) -> str:
+    return "-" if x is None or x["identical"] is None else _fmt(x["identical"], ".0%")
+
+
 def _ms_per_token(records: list[dict], method: str) -> float:
     """Wall ms per decoded token after the first, all of the method's records (batch 1)."""
     rs = [r for r in records if r["method"] == method and r.get("ttft_s") is not None]
@@ -75,7 +79,6 @@ def run_section(rel: str, note: str) -> list[str]:
     lines = [f"### {head['dtype']}, {head['kernel']} kernels, {prompts} prompt turns ({rel})", ""]
     lines += [f"- **{k}**: {head[k]}" for k in HEADER_KEYS if k in head]
     lines += ["", note, ""]
-    ident = (lambda x: "-" if x is None or x["identical"] is None else _fmt(x["identical"], ".0%"))
     lines += ["All tasks: tokens/s of the whole turn, speedup over `ar` of the whole turn and after the first "
               "token, wall ms per token after the first, tau, share of outputs identical to `ar`.", "",
               "| method | tokens/s | speedup | after the first token | ms / token after the first | tau | identical |",
@@ -83,13 +86,13 @@ def run_section(rel: str, note: str) -> list[str]:
     for m in methods:
         x = s[(m, "all")]
         lines.append(f"| {m} | {_fmt(x['tok_s'], '.1f')} | {_fmt(x['speedup'])} | {_fmt(x['decode_speedup'])} "
-                     f"| {_fmt(_ms_per_token(records, m))} | {_fmt(x['tau'])} | {ident(x)} |")
+                     f"| {_fmt(_ms_per_token(records, m))} | {_fmt(x['tau'])} | {_identical(x)} |")
     lines.append("")
     for metric, title in (("decode_speedup", "Speedup over `ar` after the first token (decoding alone)"),
                           ("tau", "tau (new tokens per forward after the prefill)"),
                           ("speedup", "Speedup over `ar`, whole turn (prefill included)")):
         lines += [f"{title}:", ""] + _table(s, methods, cols, lambda x, k=metric: _fmt(None if x is None else x[k]))
-    lines += ["Share of greedy outputs identical to `ar`:", ""] + _table(s, methods, cols, ident)
+    lines += ["Share of greedy outputs identical to `ar`:", ""] + _table(s, methods, cols, _identical)
     return lines
 
 
