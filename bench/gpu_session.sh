@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole GPU measurement plan in one call (see the README's "On a GPU" notes).
+# The whole GPU measurement plan in one call (see bench/README.md).
 #
 #   bash bench/gpu_session.sh [GGUF] [OUTDIR] [STEPS]
 #

@@ -1,5 +1,5 @@
 """Familiar names: the knobs of transformers, vLLM, TensorRT-LLM and the LookaheadDecoding
-reference mapped onto our proposers (README, "Familiar names").
+reference mapped onto our proposers (docs/CONFIG.md, "Familiar names").
 
     from decoding.compat import from_transformers, from_vllm
     proposer = from_transformers(prompt_lookup_num_tokens=10, max_matching_ngram_size=2)

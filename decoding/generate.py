@@ -66,7 +66,9 @@ def generate(
     """Generate for a batch of ragged prompts (lists of token ids) with one method.
 
     Greedy (default sampling) output is token-identical to plain greedy decoding whatever the
-    proposer; with temperature > 0 every method samples exactly the target distribution.
+    proposer, as far as a many-row step's logits equal a one-row step's (in fp32; in 16-bit
+    dtypes their rounding may differ: docs/DESIGN.md, "Verification"); with temperature > 0
+    every method samples exactly the target distribution.
     Each sequence has its own generator (seed, index), so a batch samples like single runs.
     ``planner`` (one per call) sizes every step to what it costs on the device; without one,
     each step sends the proposer's whole tree. ``on_tokens(index, new_tokens)`` is called

@@ -30,11 +30,10 @@ class HybridConfig:
     max_nodes: int = 128  # candidate nodes per step at most (before the planner)
     # children per node of the recycled tree when a step planner picks the nodes (recycle.widths
     # without one): the planner takes few of a wide fringe, whose estimates run above what is
-    # accepted, and growing and ranking it cost host time. (4, 2, 1) -> (2, 1), dev split, 4
-    # prompts per task, both machine states emulated (--emulate-cost), 2026-11-25: hybrid's
-    # tokens/s over lookahead+pld's went from 0.984-1.089 to 1.000-1.091 per task and round
-    # (summarization from 0.984-0.998 to 1.000-1.019, code +1-2%, qa -1 to -3% in the flat
-    # state); full trees (--no-plan) keep the wide one
+    # accepted, and growing and ranking it cost host time. Of (4, 2, 1), (3, 1) and (2, 1), only
+    # (2, 1) kept hybrid at or above lookahead+pld in every round of every task, in both cost
+    # states of the CPU (docs/DESIGN.md, "Methods: what differs from the papers"); full trees
+    # (--no-plan) keep the wide one
     planned_recycle_widths: tuple[int, ...] = (2, 1)
 
     def __post_init__(self):
@@ -96,10 +95,9 @@ class Hybrid(LookaheadPLD):
     def grow_first(self, state: HybridState, tree: StepTree, max_depth: int, max_nodes: int) -> None:
         """The sequence's own suffix-trie continuations, before prompt lookup and the pool: where
         they meet, the suffix trie's most frequent continuation is the first child (rank 0, the
-        planner's best-trusted rank) instead of whichever copy came first. tau per predicted time
-        against growing them after the pool (pinned curve, 128 tokens, first turns, 10 prompts
-        per task, 2026-11-25): test split 1.955 vs 1.900 (summarization 2.04 vs 1.89, qa 2.10
-        vs 1.98, code_edit 3.03 vs 2.80; chat 1.45 vs 1.46, code 1.78 vs 1.81)."""
+        planner's best-trusted rank) instead of whichever copy came first. With a pinned plan it
+        gains more tokens per predicted time on summarization, qa and code_edit than it gives
+        back on chat and code (docs/DESIGN.md, "Methods: what differs from the papers")."""
         h = self.hcfg
         match = state.trie.own_match(h.suffix.max_match)
         if match is not None:

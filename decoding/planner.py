@@ -1,5 +1,5 @@
 """Cost-aware steps: each step sends the draft nodes whose expected gain pays for what they
-cost on this device (DESIGN.md, "Cost-aware steps").
+cost on this device (docs/DESIGN.md, "Cost-aware steps: the planner").
 
 Two measured things decide it. The device's cost of a forward as a function of the step
 tokens of each sequence (``cost(step_tokens) -> ms``, e.g. ``models.cost.StepCost``), plus
@@ -124,9 +124,9 @@ class Acceptance:
 # whether the model's own earlier prediction (a recycled top-k token, decoding/recycle.py) backs a
 # first draft token: its siblings hold none (no opinion), it is one of them (backed), or only others
 # are (not backed). On suite prompts a copied first token (prompt lookup, pool, suffix) that the
-# recycled table did not back was accepted 0-15% of the time against 26-48% for backed ones, and the
-# planner sent it on the estimate of both (0.2-0.4). Deeper tokens are keyed without it: there the
-# split cost more in estimates learned from fewer trials than it told (dev split, README).
+# recycled table did not back was accepted far less often than a backed one, and without the key
+# the planner sent both on one estimate. Deeper tokens are keyed without it: there the split cost
+# more in estimates learned from fewer trials than it told (docs/DESIGN.md, the planner).
 NO_OPINION, BACKED, NOT_BACKED = 2, 1, 0
 BACKED_DEPTH = 1  # deepest node whose key says whether it is backed
 

@@ -4,7 +4,7 @@ torch reference.
 
 In torch, RoPE is four launches per layer (two products, the half swap, the sum) and
 silu * up two; on a GPU at small step sizes each launch costs more host time than its work
-(README "First GPU run"). The kernels round exactly where torch's ops round: every product
+(docs/DESIGN.md, "The GPU path"). The kernels round exactly where torch's ops round: every product
 and sum is formed in fp32 and rounded to the tensor's dtype, as torch's elementwise ops on a
 GPU do, so 16-bit results are those of the torch ops bit for bit there (silu's exponential
 aside: one rounding step at most). The CPU interpreter truncates instead of rounding when it

@@ -4,7 +4,7 @@
 The torch form of a 16-bit RMSNorm is eight small ops (cast, square, mean, add, rsqrt,
 multiply, cast, multiply), and a decoder layer has two of them plus the residual add before
 the second: on a GPU at small step sizes each is a launch that costs more host time than its
-work (README "First GPU run"). One program per row does the same arithmetic:
+work (docs/DESIGN.md, "The GPU path"). One program per row does the same arithmetic:
 
     h   = x + residual                    (in x's dtype: fp32 sum, rounded, as torch adds)
     out = weight * (h32 * rsqrt(mean(h32^2) + eps)).to(dtype)     with h32 = h in fp32

@@ -18,10 +18,9 @@ from kernels import skinny
 from kernels.mask import unpack_mask
 
 # Steps of at most this many rows per sequence go to the skinny CPU attention kernel (fp32, x86
-# with a C compiler: kernels/skinny.py); longer ones and everything else to SDPA. Measured on the
-# 2-core CPU (SmolLM2 heads, a layer's cache cold, us per layer, ours vs SDPA): 512 keys 1 row
-# 185 vs 652, 4 rows 176 vs 323, 8 rows 281 vs 390, 16 rows 487 vs 547, 32 rows 973 vs 714;
-# 1536 keys 1 row 281 vs 620, 16 rows 1409 vs 1488, 32 rows 2525 vs 2060.
+# with a C compiler: kernels/skinny.py); longer ones and everything else to SDPA. The C kernel
+# reads each key once per step and is faster up to 16 rows; from 32 rows SDPA's CPU kernel is
+# (docs/DESIGN.md, "The CPU kernels").
 SMALL_ROWS = 16
 
 

@@ -44,7 +44,7 @@ from models.tune import device_name
 GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 LONG_GRID = (1, 4, 16, 64)
 BATCHES = (2, 4, 8)
-VERSION = 3  # of the cache's content (3: fastest of interleaved rounds)
+VERSION = 3  # of the cache's content, raised whenever it changes: older caches are measured again
 CHECK_TOKENS = (1, 16)  # step tokens timed to check a cached curve against the machine
 CHECK_TOLERANCE = 0.25  # relative drift (either way) past which a cached curve is measured again
 

@@ -2,7 +2,7 @@
 
 On a GPU an eager forward of a small model is all host work: about 25 small ops per layer,
 each 15-40 us to issue, while the GPU computes the whole step in about 2 ms (SmolLM2-135M on
-an H100, README "First GPU run"). A CUDA graph records one forward's launches once and replays
+an H100; docs/DESIGN.md, "The GPU path"). A CUDA graph records one forward's launches once and replays
 them with a single call. A graph's shapes and pointers are fixed, so each step is padded to a
 bucketed shape and copied into that shape's static input tensors:
 

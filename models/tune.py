@@ -7,8 +7,8 @@ for every row bucket; the fastest wins (``skinny`` unless another form beats it 
 SKINNY_MARGIN; at steps of up to STACK_ROWS rows a whole forward with every layer product
 ``skinny``, the stack then one C call, is timed against the per-product choice). The forms of
 a bucket are timed in interleaved rounds and each keeps its fastest round: on a shared machine
-one slow spell must not decide the table (a median of two calls once cached ``linear`` for
-the default model's 3072 x 576 one-row product, 1.6x slower than ``packed``). The table is cached as JSON under
+one slow spell must not decide the table (a median of two calls once cached a form far slower
+than the best for a one-row product). The table is cached as JSON under
 ``cache_dir/tune/`` keyed by the device, thread count, torch version, dtype, the shapes and
 the memory policy; a corrupt or foreign cache file is ignored with a warning and measured
 again. On a GPU the candidates are torch's own forms only, and ``linear`` (plain cuBLAS) is
@@ -33,8 +33,7 @@ import torch
 
 from models.linear import BUCKETS, STEP_ROWS, ProductPlan, pack, product
 
-VERSION = 5  # of the measurement (2: fastest of interleaved rounds, 3: SKINNY_MARGIN, 4: a prefill bucket,
-# 5: the whole-stack comparison); older caches are measured again
+VERSION = 5  # of the measurement, raised whenever it changes: caches of another version are measured again
 AUTO_LIMIT = 2 << 30  # bytes of weights up to which "auto" keeps packed copies
 COLD_BYTES = 48 << 20  # weights cycled through per measurement (beyond the caches)
 Timer = Callable[[Callable[[], object], int], float]  # (fn, reps) -> fastest seconds of reps calls
@@ -42,14 +41,14 @@ Timer = Callable[[Callable[[], object], int], float]  # (fn, reps) -> fastest se
 # it by more than this factor (prefill chunks: the fastest wins): its rows do
 # not depend on the step (greedy tokens cannot flip with the step size), and when all four products
 # of the layers are ``skinny`` at a step's rows the whole layer stack is one C call
-# (kernels/cpu/skinny_layers.c), which saves the per-op dispatch: about a quarter of a one-token
-# step on the 2-core CPU, far more than a product 15% slower costs.
+# (kernels/cpu/skinny_layers.c), which saves the per-op dispatch: far more than a product 15%
+# slower costs (docs/DESIGN.md, "The CPU kernels").
 SKINNY_MARGIN = 1.15
 # Step buckets up to this many rows are also decided for the layer as a whole: a forward with
 # every layer product ``skinny`` (then the stack is one C call) against one with the forms
 # measured one by one, at STACK_CONTEXT keys; the faster wins. The per-product margin above
-# cannot see that one slower product (the 3072-row gate/up product measured 1.2-1.5x slower
-# than oneDNN's at 3-16 rows) costs every layer its dispatch savings.
+# cannot see that one slower product (the gate/up product, measured alone) costs every layer
+# its dispatch savings.
 STACK_ROWS = 16
 STACK_CONTEXT = 256
 

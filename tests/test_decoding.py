@@ -360,7 +360,7 @@ def test_hybrid_grows_a_narrower_recycled_tree_for_a_planner():
     assert recycled(planned) == [(5, 2), (6, 2), (8, 5), (10, 6)]
     with pytest.raises(ValueError, match=r"planned_recycle_widths must be .* recycle.top_k=8\], got \(9,\)"):
         HybridConfig(planned_recycle_widths=(9,))
-    # the default planned tree is (2, 1) (chosen with both machine states emulated, README):
+    # the default planned tree is (2, 1) (chosen with both machine states emulated, docs/DESIGN.md):
     # two recycled children of the root, one under each, nothing deeper
     d = make_proposer("hybrid", config=HybridConfig(recycle=RecycleConfig(seed_from_prompt=False)))
     sd = d.init_state(SeqState(0, [1, 2], 2))

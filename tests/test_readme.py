@@ -1,5 +1,5 @@
-"""The README's Python examples run as written (with fewer new tokens), and every command-line
-flag has help text and appears in the README."""
+"""The documentation's Python examples run as written (with fewer new tokens), and every
+command-line flag has help text and appears in the document that describes its command."""
 
 import argparse
 import re
@@ -7,12 +7,18 @@ from pathlib import Path
 
 import pytest
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+CONFIG = (ROOT / "docs" / "CONFIG.md").read_text()
+BENCH = (ROOT / "bench" / "README.md").read_text()
+DOCS = {"README.md": README, "docs/CONFIG.md": CONFIG, "bench/README.md": BENCH,
+        "docs/DESIGN.md": (ROOT / "docs" / "DESIGN.md").read_text()}
 
 
 def block(marker: str) -> str:
-    """The README's one Python block containing ``marker``."""
-    found = [b for b in re.findall(r"```python\n(.*?)```", README, flags=re.S) if marker in b]
+    """The one Python block of the documents containing ``marker``."""
+    found = [b for text in DOCS.values() for b in re.findall(r"```python\n(.*?)```", text, flags=re.S)
+             if marker in b]
     assert len(found) == 1, f"{len(found)} python blocks contain {marker!r}"
     return found[0]
 
@@ -52,14 +58,18 @@ def test_bring_your_own_model_example_runs():
     assert len(env["out"][0].output_ids) == 8
 
 
-def parsers() -> dict[str, argparse.ArgumentParser]:
+def parsers() -> dict[str, tuple[argparse.ArgumentParser, str]]:
+    """Each command's parser and the document that must describe its flags."""
     import bench.model_speed
+    import bench.profile_step
     import bench.run
     import decoding.cli
 
     out = {}
-    for name, mod in [("python -m decoding", decoding.cli), ("bench/run.py", bench.run),
-                      ("bench/model_speed.py", bench.model_speed)]:
+    for name, mod, doc in [("python -m decoding", decoding.cli, "docs/CONFIG.md"),
+                           ("bench/run.py", bench.run, "bench/README.md"),
+                           ("bench/model_speed.py", bench.model_speed, "bench/README.md"),
+                           ("bench/profile_step.py", bench.profile_step, "bench/README.md")]:
         captured = []
         real = argparse.ArgumentParser.parse_args
 
@@ -73,19 +83,45 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
                 mod.parse_args([])
         finally:
             argparse.ArgumentParser.parse_args = real
-        out[name] = captured[0]
+        out[name] = (captured[0], doc)
     return out
 
 
-def test_every_flag_has_help_and_is_in_the_readme():
+def test_every_flag_has_help_and_is_documented():
     missing = []
-    for name, p in parsers().items():
+    for name, (p, doc) in parsers().items():
         for a in p._actions:
             if isinstance(a, argparse._HelpAction):
                 continue
             flag = a.option_strings[0] if a.option_strings else None
             if not a.help:
                 missing.append(f"{name} {flag or a.dest}: no help text")
-            if flag and not re.search(re.escape(flag) + r"(?![\w-])", README):
-                missing.append(f"{name} {flag}: not in the README")
+            if flag and not re.search(re.escape(flag) + r"(?![\w-])", DOCS[doc]):
+                missing.append(f"{name} {flag}: not in {doc}")
     assert not missing, "\n".join(missing)
+
+
+def test_readme_is_short():
+    assert len(README.splitlines()) <= 300, "the README is a front page: details go to docs/ and bench/"
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_relative_links_of_the_documents_resolve():
+    bad = []
+    for name, text in DOCS.items():
+        base = (ROOT / name).parent
+        for target, anchor in set(re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", text)):
+            if target.startswith("http"):
+                continue
+            path = (base / target) if target else ROOT / name
+            if not path.exists():
+                bad.append(f"{name} links {target}, which does not exist")
+            elif anchor and path.suffix == ".md":
+                heads = {slug(h) for h in re.findall(r"^#+ (.*)$", path.read_text(), flags=re.M)}
+                if anchor not in heads:
+                    bad.append(f"{name} links {target}#{anchor}: no such heading")
+    assert not bad, "\n".join(bad)

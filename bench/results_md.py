@@ -1,0 +1,138 @@
+"""bench/RESULTS.md, generated from the results files chosen in ``RUNS``: the current numbers
+only, one section per (device, model), one set of tables per run.
+
+    python bench/results_md.py           # rewrite bench/RESULTS.md
+    python bench/results_md.py --check   # exit 1 when the committed file differs (tests/test_results_md.py)
+
+To publish a new run, copy its OUT/results.json (and results.md) under bench/results/<date>-<device>/,
+point ``RUNS`` at it and run this script. Runs taken out of ``RUNS`` stay under bench/results/ as
+history. The README's headline table is ``headline()`` of the first run (the test checks that too).
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.report import _fmt, summarize  # noqa: E402
+
+OUT = ROOT / "bench" / "RESULTS.md"
+
+# (results.json relative to the repository, what a reader must know about that run)
+RUNS = [
+    ("bench/results/2026-11-26-h200/results.json",
+     "The speedups of the whole turn (first table) are distorted on summarization and qa: a Triton compile of "
+     "the long prefill landed inside `ar`'s timed run (the warm-up prefills the longest prompt since; not run "
+     "again). Read the speedup after the first token. In bf16 a verification step of many rows rounds "
+     "differently from a one-row step, so few outputs equal `ar`'s; the fp32 run below is the losslessness "
+     "check."),
+    ("bench/results/2026-11-26-h200/fp32/results.json",
+     "The same command in fp32: every method's greedy output is identical to `ar`'s. The whole-turn speedups "
+     "carry the same prefill-compile distortion as the bf16 run."),
+]
+HEADER_KEYS = ("date", "command", "device", "dtype", "kernel", "versions", "max_new_tokens", "batch_size",
+               "sampling", "repeats", "step planner", "cuda graphs", "step cost")
+
+
+def load(rel: str) -> dict:
+    return json.loads((ROOT / rel).read_text())
+
+
+def _order(records: list[dict], key: str) -> list[str]:
+    return list(dict.fromkeys(r[key] for r in records))
+
+
+def model_name(header: dict) -> str:
+    """The header's model line without the folder it was read from on the measuring machine."""
+    path, _, rest = header["model"].partition(" ")
+    return f"{Path(path).name} {rest}".strip()
+
+
+def _table(s: dict, methods: list[str], cols: list[str], cell) -> list[str]:
+    out = ["| method | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    for m in methods:
+        out.append(f"| {m} | " + " | ".join(cell(s.get((m, t))) for t in cols) + " |")
+    return out + [""]
+
+
+def _identical(x: dict | None) -> str:
+    return "-" if x is None or x["identical"] is None else _fmt(x["identical"], ".0%")
+
+
+def _ms_per_token(records: list[dict], method: str) -> float:
+    """Wall ms per decoded token after the first, all of the method's records (batch 1)."""
+    rs = [r for r in records if r["method"] == method and r.get("ttft_s") is not None]
+    tokens = sum(r["new_tokens"] - 1 for r in rs)
+    return 1e3 * sum(r["time_s"] - r["ttft_s"] for r in rs) / tokens if tokens > 0 else float("nan")
+
+
+def run_section(rel: str, note: str) -> list[str]:
+    data = load(rel)
+    head, records = data["header"], data["records"]
+    s = summarize(records)
+    methods, tasks = _order(records, "method"), _order(records, "task")
+    cols = tasks + ["all"]
+    prompts = sum(1 for r in records if r["method"] == "ar")
+    lines = [f"### {head['dtype']}, {head['kernel']} kernels, {prompts} prompt turns ({rel})", ""]
+    lines += [f"- **{k}**: {head[k]}" for k in HEADER_KEYS if k in head]
+    lines += ["", note, ""]
+    lines += ["All tasks: tokens/s of the whole turn, speedup over `ar` of the whole turn and after the first "
+              "token, wall ms per token after the first, tau, share of outputs identical to `ar`.", "",
+              "| method | tokens/s | speedup | after the first token | ms / token after the first | tau | identical |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for m in methods:
+        x = s[(m, "all")]
+        lines.append(f"| {m} | {_fmt(x['tok_s'], '.1f')} | {_fmt(x['speedup'])} | {_fmt(x['decode_speedup'])} "
+                     f"| {_fmt(_ms_per_token(records, m))} | {_fmt(x['tau'])} | {_identical(x)} |")
+    lines.append("")
+    for metric, title in (("decode_speedup", "Speedup over `ar` after the first token (decoding alone)"),
+                          ("tau", "tau (new tokens per forward after the prefill)"),
+                          ("speedup", "Speedup over `ar`, whole turn (prefill included)")):
+        lines += [f"{title}:", ""] + _table(s, methods, cols, lambda x, k=metric: _fmt(None if x is None else x[k]))
+    lines += ["Share of greedy outputs identical to `ar`:", ""] + _table(s, methods, cols, _identical)
+    return lines
+
+
+def render() -> str:
+    groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for rel, note in RUNS:
+        head = load(rel)["header"]
+        groups.setdefault((head["device"], model_name(head)), []).append((rel, note))
+    lines = ["# Current results", "",
+             "Generated by `python bench/results_md.py` from the results files it lists (`RUNS`); do not edit "
+             "by hand. Earlier runs, and the CPU runs that have no results.json, are dated files under "
+             "[results/](results/). How the numbers are measured: [README.md](README.md).", ""]
+    for device, model in groups:
+        lines += [f"## {device}, {model}", ""]
+        for rel, note in groups[(device, model)]:
+            lines += run_section(rel, note)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def headline(rel: str = RUNS[0][0]) -> str:
+    """The README's table: speedup over `ar` after the first token (tau) per method and task."""
+    records = load(rel)["records"]
+    s = summarize(records)
+    methods, cols = _order(records, "method"), _order(records, "task") + ["all"]
+    return "\n".join(_table(s, methods, cols, lambda x: f"{_fmt(x['decode_speedup'])} ({_fmt(x['tau'])})")).rstrip()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help="compare with the committed file instead of writing it")
+    args = p.parse_args(argv)
+    text = render()
+    if args.check:
+        same = OUT.is_file() and OUT.read_text() == text
+        print(f"{OUT.relative_to(ROOT)} {'is up to date' if same else 'differs: run python bench/results_md.py'}")
+        return 0 if same else 1
+    OUT.write_text(text)
+    print(f"wrote {OUT.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
