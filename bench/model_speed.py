@@ -113,9 +113,16 @@ def make_timer(device: torch.device, reps: int):
 
 def product_flops(model: Transformer) -> tuple[int, int]:
     """(flops of one step row through every layer's products, flops of one logits row of the LM
-    head): 2 per weight. Attention's flops are left out (small next to them at these contexts)."""
+    head): 2 per weight."""
     layers = sum(2 * m.weight.numel() for layer in model.layers for m in layer.modules() if isinstance(m, Linear))
     return layers, 2 * model.head_weight.numel()
+
+
+def attention_flops(cfg: ModelConfig, rows: int, keys: int) -> int:
+    """Flops of attention for ``rows`` step rows over ``keys`` keys each, every layer: q k^T and
+    p v, 2 flops per multiply-add (what the kernels compute: a tree's hidden keys are masked,
+    not skipped)."""
+    return 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * rows * keys
 
 
 def roofline(device: torch.device, dtype: torch.dtype, timer, copy_gbs: float) -> dict:
@@ -270,7 +277,8 @@ def measure(args) -> dict:
                        tok_s=b / (fwd * 1e-3), weight_gbs=wbytes / (fwd * 1e-3) / 1e9,
                        weight_kv_gbs=(wbytes + kv_bytes) / (fwd * 1e-3) / 1e9,
                        weight_bw_frac=wbytes / (fwd * 1e-3) / 1e9 / copy_gbs, isa=isa,
-                       **against_roofline(fwd, wbytes, b * (layer_flops + head_flops), roof))
+                       **against_roofline(fwd, wbytes, b * (layer_flops + head_flops)
+                                          + attention_flops(cfg, b, args.context + 1), roof))
             if replay is not None:
                 row.update(replay_ms=replay, replayed=replayed, graph_speedup=fwd / replay,
                            replay_tok_s=b / (replay * 1e-3), replay_weight_gbs=wbytes / (replay * 1e-3) / 1e9,
@@ -296,7 +304,8 @@ def measure(args) -> dict:
                 row = dict(batch=b, step_tokens=T, context=args.context, forward_ms=fwd, step_ms=step,
                            forward_rel=fwd / first[0], step_rel=step / first[1], baseline_ms=base_fwd,
                            baseline_rel=base_fwd / base[isas[0]][2], isa=isa,
-                           **against_roofline(fwd, wbytes, b * T * (layer_flops + head_flops), roof))
+                           **against_roofline(fwd, wbytes, b * T * (layer_flops + head_flops)
+                                              + attention_flops(cfg, b * T, args.context + T), roof))
                 if replay is not None:
                     row.update(replay_ms=replay, replay_rel=replay / first[3], replayed=replayed)
                 curve.append(row)
@@ -391,8 +400,9 @@ def _roofline_line(h: dict) -> str:
     peaks = ", ".join(f"{k}{'-bit FMA' if k.isdigit() else ''} {v:.0f} GFLOP/s" for k, v in r.get("peak_gflops", {}).items())
     return (f"roofline (measured in this run): peak {peaks or 'not measured'}; {r.get('bandwidth_from', 'bandwidth')} "
             f"{r.get('bandwidth_gbs', 0):.1f} GB/s; products {h.get('layer_flops_per_row', 0) / 1e6:.0f} MFLOP per step "
-            f"row + {h.get('head_flops_per_row', 0) / 1e6:.0f} per logits row. A step's floor: the larger of its weight "
-            "bytes at that bandwidth and its product flops at the best peak.")
+            f"row + {h.get('head_flops_per_row', 0) / 1e6:.0f} per logits row, + attention (4 x layers x heads x head_dim "
+            "per row and key). A step's floor: the larger of its weight bytes at that bandwidth and its flops at the best "
+            "peak.")
 
 
 def _roofline_table(res: dict) -> list[str]:

@@ -9,8 +9,9 @@
  * use the registers there are (accumulators + C rows of W + 1 of x):
  *   AVX2 (16 registers):   M = 1: 1 x 8; M = 2, 3: 2 x 6 and 1 x 6; M >= 4: 4 x 3 (7 loads per
  *                          12 FMAs), the rest of M in 3 x 3, 2 x 3, 1 x 3;
- *   AVX-512 (32 registers): M = 1: 1 x 8; M = 2, 3: 2 x 8 and 1 x 8; M >= 4: 4 x 6 (10 loads per
- *                          24 FMAs), the rest of M in 3 x 6, 2 x 6, 1 x 6.
+ *   AVX-512 (32 registers): M = 1: 1 x 8; M = 2 .. 7: 2 x 8 and 1 x 8 (still memory-bound: 8 rows
+ *                          of W in flight); M >= 8: 4 x 6 (10 loads per 24 FMAs), the rest of M
+ *                          in 3 x 6, 2 x 6, 1 x 6.
  * In the AVX-512 build the C rows of W of a k step are loaded into registers once and kept
  * there for the R rows of x (an empty asm statement stops the compiler from folding them back
  * into each FMA as a memory operand, which reloads W for every row of x). While a tile is computed, the rows of
@@ -92,8 +93,9 @@ typedef __m256 vec;
 
 #if defined(__AVX512F__)
 #define WIDE 8  /* M = 1 */
-#define MID 8   /* M = 2, 3 */
-#define NARROW 6 /* M >= 4 */
+#define MID 8   /* M = 2 .. 7 */
+#define NARROW 6 /* M >= 8 */
+#define MID_ROWS 8 /* fewer rows than this: the MID tiles, more rows of W in flight (memory-bound) */
 TILE(1, 8)
 TILE(2, 8)
 TILE(4, 6)
@@ -111,6 +113,7 @@ TILE(1, 6)
 #define WIDE 8
 #define MID 6
 #define NARROW 3
+#define MID_ROWS 4
 TILE(1, 8)
 TILE(2, 6)
 TILE(1, 6)
@@ -128,10 +131,11 @@ TILE(1, 3)
 #endif
 #define MAX_C 8 /* the widest tile of either build */
 
+
 /* how many tiles ahead the rows of W are prefetched */
 #define PF_TILES 2
 
-static int tile_cols(int64_t M) { return M == 1 ? WIDE : M < 4 ? MID : NARROW; }
+static int tile_cols(int64_t M) { return M == 1 ? WIDE : M < MID_ROWS ? MID : NARROW; }
 
 /* rows n0..n1 of W (n0 a multiple of C = tile_cols(M)) */
 static void rows(const float *x, const float *W, const float *b, float *y, int64_t M, int64_t N, int64_t K,
@@ -145,7 +149,7 @@ static void rows(const float *x, const float *W, const float *b, float *y, int64
         int64_t m = 0;
         if (M == 1) {
             TILE_ONE(x, w, b, y, N, K, n, nc, PF);
-        } else if (M < 4) {
+        } else if (M < MID_ROWS) {
             for (; m + 2 <= M; m += 2) TILE_MID2(x + m * K, w, b, y + m * N, N, K, n, nc, PF);
             if (m < M) TILE_MID1(x + m * K, w, b, y + m * N, N, K, n, nc, PF);
         } else {
