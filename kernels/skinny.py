@@ -1,7 +1,11 @@
-"""A hand-written x86 CPU kernel for ``x @ W.T + b`` when x has few rows (one decoding step),
-and its torch reference.
+"""The x86 CPU kernels of an fp32 decoding step (``kernels/cpu/*.c``), each beside its torch
+reference: the matrix product for few rows (``skinny_linear``), attention of a sequence's rows
+over its paged cache (``skinny_attention``), RMSNorm, SiLU * up and RoPE, the whole layer stack
+in one call (``layers_unchecked``, used by models/llama.py), the logits' argmax / top-k
+(``argmax_rows``, ``topk_rows``), and the roofline probes (``fma_peak_gflops``,
+``read_bandwidth_gbs``). One shared library holds them all, built here.
 
-Why: at 1-16 rows the products of a decoding step read every weight once and do little
+The product, why: at 1-16 rows the products of a decoding step read every weight once and do little
 arithmetic, and the BLAS kernels torch issues there run at a fraction of the machine's memory
 bandwidth (MKL's GEMV at one row, oneDNN's packed GEMM tuned for many). ``cpu/skinny_gemm.c``
 streams each weight row once, in nn.Linear's own layout (no second copy), keeps a tile of W
@@ -456,8 +460,8 @@ def _rows_kernel(x: torch.Tensor) -> Optional[ctypes.CDLL]:
 def argmax_rows(x: torch.Tensor) -> list[int]:
     """Per row of x (rows, n): the first index of its largest value, exactly
     ``x.argmax(-1).tolist()`` (the reference, and what runs on other devices and dtypes and
-    for a row holding a NaN). On the CPU one pass per row: torch's reduction took 0.33 ms for 8
-    rows of 49152 on a 2-core Zen 4, this 0.035 ms."""
+    for a row holding a NaN). On the CPU one pass per row, where torch's reduction is several
+    times slower on a step's few rows of a vocabulary."""
     if x.dim() != 2:
         raise ValueError(f"x must be (rows, n), got {tuple(x.shape)}")
     lib = _rows_kernel(x)

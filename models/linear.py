@@ -2,11 +2,10 @@
 rows on this device.
 
 ``x @ W.T`` can be issued several ways, and which is fastest depends on M (rows) and the
-device's BLAS. On this project's 2-core CPU (MKL, fp32, cold weights) ``F.linear`` takes the
-GEMV path at M = 1 and runs at about 12 GB/s, ``(W @ x.T).T`` reaches about 20 GB/s at M = 2..4,
-and oneDNN with a pre-packed weight is best from M = 8 on. ``models/tune.py`` measures the
-forms once per device, dtype and shape and fills each weight's ``ProductPlan``; untuned, every
-product is plain ``F.linear``.
+device's BLAS: on a CPU ``F.linear`` takes a slow GEMV path at M = 1, ``(W @ x.T).T`` avoids it,
+and oneDNN with a pre-packed weight wins from several rows on (docs/DESIGN.md, "The CPU
+kernels"). So nothing is assumed: ``models/tune.py`` measures the forms once per device, dtype
+and shape and fills each weight's ``ProductPlan``; untuned, every product is plain ``F.linear``.
 
 Forms:
   * ``linear``  F.linear(x, W, b) (cuBLAS / MKL as torch chooses); always a candidate.
@@ -14,7 +13,7 @@ Forms:
                 (the single-column product falls back to the slow GEMV).
   * ``packed``  oneDNN's linear on a copy of W packed for it (CPU only): costs a second copy of
                 the weight, so models/tune.py offers it only within a memory budget.
-  * ``skinny``  kernels/skinny.py: a hand-written AVX2 kernel for few rows on W itself (x86 CPU,
+  * ``skinny``  kernels/skinny.py: a hand-written AVX2 / AVX-512 kernel for few rows on W itself (x86 CPU,
                 fp32, built with the system C compiler; offered only where it builds). A row's
                 result does not depend on the step's rows.
 """
