@@ -51,7 +51,8 @@ class Bench:
             self.hf = self._load("hf target", lambda: load_hf_model(resolve_model_path(args.model), dtype, args.device))
             self.methods += list(HF_METHODS)
             if args.draft_model:
-                self.hf_draft = self._load("hf draft", lambda: load_hf_model(resolve_model_path(args.draft_model), dtype,
+                self.hf_draft = self._load("hf draft", lambda: load_hf_model(resolve_model_path(args.draft_model),
+                                                                             dtype,
                                                                              args.device))
                 self.methods.append(HF_ASSISTED)
         self.hf_methods = set(HF_METHODS) | {HF_ASSISTED}
@@ -134,7 +135,7 @@ class Bench:
         """Size the shared runner for the longest conversation (its first prompt, and each later
         turn with an answer of --max-new-tokens before it) and capture its graphs before
         anything is timed: otherwise the first method to meet a step shape pays its capture."""
-        from models.graphs import warm_up_shared_runner
+        from models.runner import ModelRunner
 
         new = self.args.max_new_tokens
         longest = 0
@@ -144,7 +145,7 @@ class Bench:
                 n += new + len(self.tok.encode(turn)) + 16  # the answer, the question, the template's tokens
             longest = max(longest, n)
         longest = min(longest, self.model.cfg.max_position_embeddings - new)
-        done = warm_up_shared_runner(self.model, self.args.batch_size, longest, new)
+        done = ModelRunner.warm_up_shared(self.model, self.args.batch_size, longest, new)
         print(f"cuda graphs: {done['captured']} captured ahead in {done['seconds']:.1f} s "
               f"(cache {done['cache_tokens']} tokens)", flush=True)
         return done

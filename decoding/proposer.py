@@ -26,7 +26,7 @@ from decoding.sampling import SamplingParams
 from decoding.stats import SeqStats
 from decoding.tree import StepTree
 from decoding.verify import verify
-from kernels.skinny import argmax_rows, argmax_topk_rows
+from kernels.rows import argmax_rows, argmax_topk_rows
 
 
 @dataclass(eq=False)

@@ -16,7 +16,7 @@ import torch
 
 from decoding.sampling import SamplingParams, probs_from_logits, sample
 from decoding.tree import DRAFT, StepTree
-from kernels.skinny import argmax_rows
+from kernels.rows import argmax_rows
 
 
 def _uniform(generator: Optional[torch.Generator]) -> float:

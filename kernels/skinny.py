@@ -335,7 +335,8 @@ def skinny_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError(f"mask must be a contiguous bool ({t}, {length}) tensor, got {mask.dtype} {tuple(mask.shape)}")
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    return attention_unchecked(q, k_cache, v_cache, block_ids, length, mask, causal, d ** -0.5 if scale is None else scale,
+    return attention_unchecked(q, k_cache, v_cache, block_ids, length, mask, causal,
+                               d ** -0.5 if scale is None else scale,
                                threads)
 
 
@@ -444,11 +445,11 @@ def layers_unchecked(h: torch.Tensor, layers, n_layers: int, step: StepArgs) -> 
     return h
 
 
-# ---- per-row argmax and top-k of a step's logits (cpu/skinny_reduce.c) ---------------------------
+# ---- per-row argmax and top-k of a step's logits (cpu/skinny_reduce.c; kernels/rows.py decides) --
 MAX_TOPK = 64  # largest k the top-k kernel takes
 
 
-def _rows_kernel(x: torch.Tensor) -> Optional[ctypes.CDLL]:
+def rows_kernel(x: torch.Tensor) -> Optional[ctypes.CDLL]:
     """The library when x is a CPU fp32 (rows, n >= 1) tensor with contiguous rows, else None."""
     if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu" or x.shape[1] < 1 or x.shape[0] < 1:
         return None
@@ -457,62 +458,15 @@ def _rows_kernel(x: torch.Tensor) -> Optional[ctypes.CDLL]:
     return _lib or _load()
 
 
-def argmax_rows(x: torch.Tensor) -> list[int]:
-    """Per row of x (rows, n): the first index of its largest value, exactly
-    ``x.argmax(-1).tolist()`` (the reference, and what runs on other devices and dtypes and
-    for a row holding a NaN). On the CPU one pass per row, where torch's reduction is several
-    times slower on a step's few rows of a vocabulary."""
-    if x.dim() != 2:
-        raise ValueError(f"x must be (rows, n), got {tuple(x.shape)}")
-    lib = _rows_kernel(x)
-    if lib is None:
-        return x.argmax(-1).tolist()
+def argmax_unchecked(lib: ctypes.CDLL, x: torch.Tensor) -> list[int]:
+    """Every row's argmax from the kernel; -1 for a row holding a NaN (``rows_kernel(x)`` gave lib)."""
     out = torch.empty(x.shape[0], dtype=torch.int64)
     lib.skinny_argmax(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), out.data_ptr())
-    res = out.tolist()
-    for r, i in enumerate(res):
-        if i < 0:  # a NaN: torch's answer
-            res[r] = int(x[r].argmax())
-    return res
+    return out.tolist()
 
 
-def argmax_topk_rows(x: torch.Tensor, k: int) -> tuple[list[int], list[list[int]]]:
-    """``(argmax_rows(x), topk_rows(x, k))`` from one pass over the rows (a proposer that learns
-    from every row's top-k also verifies with its argmax): the top-k's first index is the
-    argmax, equal values being in index order; a row holding a NaN gets torch's answers."""
-    _check_k(x, k)
-    lib = _rows_kernel(x)
-    if lib is None or k > MAX_TOPK:
-        return x.argmax(-1).tolist(), x.topk(k, dim=-1).indices.tolist()
-    res, bad = _topk_kernel(lib, x, k)
-    top1 = [row[0] for row in res]
-    for r in bad:
-        res[r], top1[r] = x[r].topk(k).indices.tolist(), int(x[r].argmax())
-    return top1, res
-
-
-def topk_rows(x: torch.Tensor, k: int) -> list[list[int]]:
-    """Per row of x (rows, n): the indices of its k largest values (1 <= k <= n), largest first,
-    equal values in index order: ``x.topk(k, -1).indices.tolist()`` (the reference; torch
-    leaves the order of equal values open), and that for other devices, dtypes, k above
-    ``MAX_TOPK`` and rows holding a NaN."""
-    _check_k(x, k)
-    lib = _rows_kernel(x)
-    if lib is None or k > MAX_TOPK:
-        return x.topk(k, dim=-1).indices.tolist()
-    res, bad = _topk_kernel(lib, x, k)
-    for r in bad:
-        res[r] = x[r].topk(k).indices.tolist()
-    return res
-
-
-def _check_k(x: torch.Tensor, k: int) -> None:
-    if x.dim() != 2 or not 1 <= k <= x.shape[-1]:
-        raise ValueError(f"x must be (rows, n) and 1 <= k <= n, got x {tuple(x.shape)} and k={k}")
-
-
-def _topk_kernel(lib: ctypes.CDLL, x: torch.Tensor, k: int) -> tuple[list[list[int]], list[int]]:
-    """The kernel's top-k of every row, and the rows it left to torch (holding a NaN)."""
+def topk_unchecked(lib: ctypes.CDLL, x: torch.Tensor, k: int) -> tuple[list[list[int]], list[int]]:
+    """The kernel's top-k of every row (k <= MAX_TOPK), and the rows it left to torch (holding a NaN)."""
     idx = torch.empty(x.shape[0], k, dtype=torch.int64)
     bad = torch.empty(x.shape[0], dtype=torch.int64)
     n_bad = lib.skinny_topk(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), k, idx.data_ptr(), bad.data_ptr())

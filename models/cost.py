@@ -39,7 +39,7 @@ from typing import Callable, Optional
 import torch
 
 from kernels import skinny
-from models.tune import device_name
+from models.machine import device_name
 
 GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 LONG_GRID = (1, 4, 16, 64)
@@ -118,8 +118,9 @@ class Emulation:
     time: where this machine is slower than the emulated curve, a step is not padded
     (``short_steps`` counts them), so emulate a curve slower than the machine. Set on a model
     with ``emulate_step_cost``; every ``ModelRunner.forward`` of the model honours it, the
-    step-cost measurement included, so a planner plans with the emulated curve. For studying planning under another machine's
-    cost shape (this CPU in another of its states, a device where wide steps cost more)."""
+    step-cost measurement included, so a planner plans with the emulated curve. For studying
+    planning under another machine's cost shape (this CPU in another of its states, a device
+    where wide steps cost more)."""
 
     cost: StepCost
     scale: float = 1.0  # the curve's ms are multiplied by this
@@ -175,7 +176,8 @@ class Emulation:
     def describe(self) -> str:
         c = self.cost
         return (f"{self.source or 'a given curve'}{f' x {self.scale:g}' if self.scale != 1 else ''}: forwards of at "
-                f"most {self.max_tokens} step tokens padded (sleep) to 1 token {self.scale * c([1]):.1f} ms, 8 tokens {self.scale * c([8]):.1f}, "
+                f"most {self.max_tokens} step tokens padded (sleep) to 1 token {self.scale * c([1]):.1f} ms, "
+                f"8 tokens {self.scale * c([8]):.1f}, "
                 f"16 tokens {self.scale * c([16]):.1f} ({c.relative(16):.2f}x), 64 tokens "
                 f"{self.scale * c([64]):.1f}; larger steps (prefills) as they are")
 
@@ -203,7 +205,8 @@ def _key(model, context: int) -> dict:
     cfg = model.cfg
     plans = [getattr(m, "plan", None) for m in model.modules()] + [model.head_plan]
     tables = json.dumps([p.table for p in plans if p is not None])
-    return {"version": VERSION, "device": device_name(model.device), "threads": torch.get_num_threads(), "torch": torch.__version__,
+    return {"version": VERSION, "device": device_name(model.device), "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
             "dtype": str(model.dtype), "backend": model.backend.name, "context": context,
             "cuda_graphs": getattr(model, "step_graphs", None) is not None,
             # an emulated curve (Emulation): its forwards are padded, so is the curve measured
@@ -233,7 +236,8 @@ def step_cost(model, cache_dir: Path | str, context: int = 256, reps: int = 3, m
             warnings.warn(f"step-cost cache {path} no longer matches this machine ({drift}); measuring again")
             cost, origin = None, f"measured again ({drift})"
         else:
-            origin = "cache (checked now: " + ", ".join(f"{t} tokens {ms:.1f} ms" for t, ms in sorted(seen.items())) + ")"
+            checked = ", ".join(f"{t} tokens {ms:.1f} ms" for t, ms in sorted(seen.items()))
+            origin = f"cache (checked now: {checked})"
     elif cost is not None:
         origin = "cache (not checked)"
     if cost is None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from models.loader import DEFAULT_CACHE_DIR
+from models.machine import DEFAULT_CACHE_DIR
 
 
 @dataclass(frozen=True)

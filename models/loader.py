@@ -19,10 +19,10 @@ import torch
 from kernels.backend import Backend
 from models.config import ModelConfig
 from models.llama import Transformer, rope_inv_freq
+from models.machine import DEFAULT_CACHE_DIR  # noqa: F401 -- also where callers found it
 
 DEFAULT_MODEL = "smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_CACHE_DIR = Path.home() / ".cache" / "specdec"
 
 
 def _version(package: str) -> str:

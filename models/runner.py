@@ -69,6 +69,24 @@ class ModelRunner:
         model.shared_runner = cls(model, cache_tokens=blocks * block_size, block_size=block_size)
         return model.shared_runner
 
+    @classmethod
+    def warm_up_shared(cls, model: Transformer, batch: int, longest_prompt: int, max_new_tokens: int) -> dict:
+        """Make the runner ``for_batch`` will hand out for ``batch`` prompts of up to
+        ``longest_prompt`` tokens and capture its graphs now (``StepGraphs.warm_up`` for batch 1
+        and ``batch``), so that a benchmark's timed runs neither replace the runner (and capture
+        again) nor capture on first use. Returns what it did: graphs captured, seconds, cache
+        tokens, a failed capture. CUDA graphs must be on (``models.graphs.use_cuda_graphs``)."""
+        if getattr(model, "step_graphs", None) is None:
+            raise ValueError("warm_up_shared needs CUDA graphs on: call models.graphs.use_cuda_graphs(model) first")
+        if batch < 1 or longest_prompt < 1 or max_new_tokens < 1:
+            raise ValueError(f"batch, longest_prompt and max_new_tokens must be >= 1, got {batch}, {longest_prompt}, "
+                             f"{max_new_tokens}")
+        runner = cls.for_batch(model, [[0] * longest_prompt] * batch, max_new_tokens)
+        before = runner.graphs.stats["capture_s"]
+        captured = runner.graphs.warm_up(tuple(sorted({1, batch})))
+        return dict(captured=captured, seconds=runner.graphs.stats["capture_s"] - before,
+                    cache_tokens=runner.cache.num_blocks * runner.cache.block_size, failed=runner.graphs.failed)
+
     @property
     def max_context(self) -> int:
         return self.cfg.max_position_embeddings

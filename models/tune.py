@@ -22,8 +22,6 @@ form (kernels/skinny.py, x86 CPUs with a C compiler, fp32) reads the weight itse
 
 import hashlib
 import json
-import os
-import platform
 import time
 import warnings
 from pathlib import Path
@@ -32,6 +30,7 @@ from typing import Callable, Optional
 import torch
 
 from models.linear import BUCKETS, STEP_ROWS, ProductPlan, pack, product
+from models.machine import device_name  # noqa: F401 -- also where callers found it
 
 VERSION = 5  # of the measurement, raised whenever it changes: caches of another version are measured again
 AUTO_LIMIT = 2 << 30  # bytes of weights up to which "auto" keeps packed copies
@@ -60,20 +59,6 @@ def _timer(fn, reps: int) -> float:
         fn()
         times.append(time.perf_counter() - t)
     return min(times)
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"cpu {cpu} x{os.cpu_count()}"
 
 
 def _products(model) -> list[tuple[str, torch.Tensor, Optional[torch.Tensor], Callable[[ProductPlan], None]]]:
@@ -112,7 +97,8 @@ def tune_model(model, cache_dir: Path | str, extra_weight_memory: str = "auto", 
     skinny_ok = dev.type == "cpu" and dtype == torch.float32 and skinny.available()
     forms = ["linear", "wxt"] + (["packed"] if packed_ok else []) + (["skinny"] if skinny_ok else [])
     shapes = sorted({_shape_key(w, b) for _, w, b, _ in prods})
-    key = {"version": VERSION, "device": device_name(dev), "threads": torch.get_num_threads(), "torch": torch.__version__,
+    key = {"version": VERSION, "device": device_name(dev), "threads": torch.get_num_threads(),
+           "torch": torch.__version__,
            "dtype": str(dtype), "shapes": shapes, "forms": forms, "buckets": list(BUCKETS)}
     if skinny_ok:
         key["skinny"] = skinny.build_tag()

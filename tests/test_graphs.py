@@ -15,7 +15,7 @@ import torch
 from decoding import HybridConfig, LookaheadConfig, generate, make_proposer
 from helpers import ours_from_hf, tiny_hf_model
 from kernels.backend import get_backend
-from models.graphs import StepGraphs, StepShape, use_cuda_graphs, warm_up_shared_runner
+from models.graphs import StepGraphs, StepShape, use_cuda_graphs
 from models.loader import from_hf
 from models.runner import ModelRunner, StepInput
 
@@ -169,12 +169,12 @@ def test_a_failed_warm_up_stops_and_leaves_steps_eager(tiny_triton, monkeypatch)
 
 def test_the_shared_runner_is_sized_and_warmed_once(tiny_triton):
     with pytest.raises(ValueError, match="needs CUDA graphs on"):
-        warm_up_shared_runner(tiny_triton, 1, 4, 4)
+        ModelRunner.warm_up_shared(tiny_triton, 1, 4, 4)
     use_cuda_graphs(tiny_triton, capture=False)
     try:
         with pytest.raises(ValueError, match="must be >= 1"):
-            warm_up_shared_runner(tiny_triton, 1, 0, 4)
-        done = warm_up_shared_runner(tiny_triton, 2, 40, 8)
+            ModelRunner.warm_up_shared(tiny_triton, 1, 0, 4)
+        done = ModelRunner.warm_up_shared(tiny_triton, 2, 40, 8)
         runner = tiny_triton.shared_runner
         assert done["captured"] == 0 and done["failed"] is None  # nothing is captured without a GPU
         assert done["cache_tokens"] == runner.cache.num_blocks * 16 >= 2 * (40 + 8 + 256)
@@ -188,7 +188,8 @@ def test_greedy_output_is_unchanged_through_padded_steps(tiny_triton, name):
     prompts = [[5, 6, 7, 8, 5, 6, 7, 9], [1, 2, 3, 1, 2, 3, 1, 2, 3, 4, 5, 6, 1, 2, 3, 11, 12], [40]]
     configs = {"ar": None, "lookahead+pld": LookaheadConfig(window=3, ngram=3, guesses=3),
                "hybrid": HybridConfig()}
-    make = lambda: make_proposer(name, config=configs[name])
+    def make():
+        return make_proposer(name, config=configs[name])
     want = [r.output_ids for r in generate(tiny_triton, prompts, make(), max_new_tokens=10, eos_token_ids=())]
     use_cuda_graphs(tiny_triton, capture=False)
     try:

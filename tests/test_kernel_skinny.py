@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernels import skinny
+from kernels import rows as logit_rows, skinny
 
 pytestmark = pytest.mark.skipif(not skinny.available(), reason=f"skinny kernel: {skinny.unavailable_reason()}")
 
@@ -441,10 +441,10 @@ def test_argmax_and_topk_match_torch(n):
     torch's indices (no ties among random floats)."""
     g = torch.Generator().manual_seed(n)
     x = torch.randn(5, n, generator=g)
-    assert skinny.argmax_rows(x) == x.argmax(-1).tolist()
-    for k in sorted({1, min(2, n), min(8, n), min(n, skinny.MAX_TOPK)}):
-        assert skinny.topk_rows(x, k) == x.topk(k, dim=-1).indices.tolist(), k
-        assert skinny.argmax_topk_rows(x, k) == (x.argmax(-1).tolist(), x.topk(k, dim=-1).indices.tolist()), k
+    assert logit_rows.argmax_rows(x) == x.argmax(-1).tolist()
+    for k in sorted({1, min(2, n), min(8, n), min(n, logit_rows.MAX_TOPK)}):
+        assert logit_rows.topk_rows(x, k) == x.topk(k, dim=-1).indices.tolist(), k
+        assert logit_rows.argmax_topk_rows(x, k) == (x.argmax(-1).tolist(), x.topk(k, dim=-1).indices.tolist()), k
 
 
 @pytest.mark.parametrize("n", [9, 64, 257])
@@ -459,10 +459,10 @@ def test_ties_go_to_the_first_index(n):
     x[4, ::3] = float("-inf")
     x[5] = -0.0
     x[5, n // 2] = 0.0  # -0.0 == 0.0: the first of them
-    assert skinny.argmax_rows(x) == x.argmax(-1).tolist()
+    assert logit_rows.argmax_rows(x) == x.argmax(-1).tolist()
     for k in (1, 3, 8):
-        assert skinny.topk_rows(x, k) == [_stable_topk(r, k) for r in x], k
-        assert skinny.argmax_topk_rows(x, k) == (x.argmax(-1).tolist(), [_stable_topk(r, k) for r in x]), k
+        assert logit_rows.topk_rows(x, k) == [_stable_topk(r, k) for r in x], k
+        assert logit_rows.argmax_topk_rows(x, k) == (x.argmax(-1).tolist(), [_stable_topk(r, k) for r in x]), k
 
 
 def test_topk_where_the_kept_values_keep_changing():
@@ -474,10 +474,10 @@ def test_topk_where_the_kept_values_keep_changing():
             (torch.arange(n) % 32).float(), torch.zeros(n), torch.randn(n, generator=torch.Generator().manual_seed(5))]
     rows[-1][-31:] += 100.0
     x = torch.stack(rows)
-    for k in (1, 4, 8, 33, skinny.MAX_TOPK):
+    for k in (1, 4, 8, 33, logit_rows.MAX_TOPK):
         want = [_stable_topk(r, k) for r in x]
-        assert skinny.topk_rows(x, k) == want, k
-        assert skinny.argmax_topk_rows(x, k) == (x.argmax(-1).tolist(), want), k
+        assert logit_rows.topk_rows(x, k) == want, k
+        assert logit_rows.argmax_topk_rows(x, k) == (x.argmax(-1).tolist(), want), k
 
 
 def test_argmax_topk_rows_holding_nan_are_torchs():
@@ -488,9 +488,9 @@ def test_argmax_topk_rows_holding_nan_are_torchs():
     x[1, 17] = float("nan")  # in the 32-lane body
     x[2, 299] = float("nan")  # in the tail
     x[3, 0] = float("nan")  # among the first k
-    assert skinny.argmax_rows(x) == x.argmax(-1).tolist()
-    assert skinny.topk_rows(x, 5) == x.topk(5, dim=-1).indices.tolist()
-    assert skinny.argmax_topk_rows(x, 5) == (x.argmax(-1).tolist(), x.topk(5, dim=-1).indices.tolist())
+    assert logit_rows.argmax_rows(x) == x.argmax(-1).tolist()
+    assert logit_rows.topk_rows(x, 5) == x.topk(5, dim=-1).indices.tolist()
+    assert logit_rows.argmax_topk_rows(x, 5) == (x.argmax(-1).tolist(), x.topk(5, dim=-1).indices.tolist())
 
 
 def test_argmax_topk_strided_rows_and_other_inputs():
@@ -499,24 +499,25 @@ def test_argmax_topk_strided_rows_and_other_inputs():
     g = torch.Generator().manual_seed(4)
     wide = torch.randn(3, 200, generator=g)
     x = wide[:, 10:150]
-    assert x.stride(0) == 200 and skinny.argmax_rows(x) == x.argmax(-1).tolist()
-    assert skinny.topk_rows(x, 6) == x.topk(6, dim=-1).indices.tolist()
+    assert x.stride(0) == 200 and logit_rows.argmax_rows(x) == x.argmax(-1).tolist()
+    assert logit_rows.topk_rows(x, 6) == x.topk(6, dim=-1).indices.tolist()
     col = wide.t()[:, :3]  # rows with a stride of 200 between elements: torch runs it
-    assert skinny.argmax_rows(col) == col.argmax(-1).tolist()
+    assert logit_rows.argmax_rows(col) == col.argmax(-1).tolist()
     half = wide.bfloat16()
-    assert skinny.argmax_rows(half) == half.argmax(-1).tolist()
-    assert skinny.topk_rows(wide, skinny.MAX_TOPK + 1) == wide.topk(skinny.MAX_TOPK + 1, dim=-1).indices.tolist()
-    assert skinny.argmax_rows(torch.randn(0, 9)) == [] and skinny.topk_rows(torch.randn(0, 9), 2) == []
-    assert skinny.argmax_topk_rows(half, 3) == (half.argmax(-1).tolist(), half.topk(3, dim=-1).indices.tolist())
-    assert skinny.argmax_topk_rows(torch.randn(0, 9), 2) == ([], [])
+    assert logit_rows.argmax_rows(half) == half.argmax(-1).tolist()
+    k = logit_rows.MAX_TOPK + 1
+    assert logit_rows.topk_rows(wide, k) == wide.topk(k, dim=-1).indices.tolist()
+    assert logit_rows.argmax_rows(torch.randn(0, 9)) == [] and logit_rows.topk_rows(torch.randn(0, 9), 2) == []
+    assert logit_rows.argmax_topk_rows(half, 3) == (half.argmax(-1).tolist(), half.topk(3, dim=-1).indices.tolist())
+    assert logit_rows.argmax_topk_rows(torch.randn(0, 9), 2) == ([], [])
     with pytest.raises(ValueError, match="k <= n"):
-        skinny.argmax_topk_rows(wide, 201)
+        logit_rows.argmax_topk_rows(wide, 201)
     with pytest.raises(ValueError, match="1 <= k <= n"):
-        skinny.topk_rows(wide, 201)
+        logit_rows.topk_rows(wide, 201)
     with pytest.raises(ValueError, match="1 <= k <= n"):
-        skinny.topk_rows(wide, 0)
+        logit_rows.topk_rows(wide, 0)
     with pytest.raises(ValueError, match=r"x must be \(rows, n\)"):
-        skinny.argmax_rows(wide[0])
+        logit_rows.argmax_rows(wide[0])
 
 
 def test_topk_kernel_hands_back_a_k_it_does_not_take():
