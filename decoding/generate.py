@@ -7,7 +7,6 @@ their K/V, and stops on EOS (inside an accepted draft too) or at exactly max_new
 The contract between this loop and a method is in ``decoding/proposer.py``.
 """
 
-import inspect
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -19,7 +18,7 @@ from decoding.proposer import Budget, Context, Outcome, Proposer, Sequence, SeqS
 from decoding.sampling import SamplingParams, probs_from_logits, sample
 from decoding.stats import SeqStats
 from decoding.tree import StepTree
-from kernels.skinny import argmax_rows, argmax_topk_rows
+from kernels.rows import argmax_rows, argmax_topk_rows
 from models.llama import Transformer
 from models.runner import ModelRunner, StepInput
 
@@ -134,11 +133,8 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
     rows = [{node: j for j, node in enumerate(t.logit_nodes())} for t in sent]
     logits = runner.step([_step_input(sid, t, list(r)) for sid, t, r in zip(sids, sent, rows)])
     tops = [_reduce_rows(lg, proposer.top_k) if ctx.sampling.greedy else (None, None) for lg in logits]
-    if ctx.sampling.greedy and _takes_top1(proposer):
-        verdicts = [proposer.verify(st, t, lg, r, ctx.sampling, top1=top1)
-                    for st, t, lg, r, (top1, _) in zip(states, sent, logits, rows, tops)]
-    else:  # sampling, or a proposer whose verify predates ``top1``
-        verdicts = [proposer.verify(st, t, lg, r, ctx.sampling) for st, t, lg, r in zip(states, sent, logits, rows)]
+    verdicts = [proposer.verify(st, t, lg, r, ctx.sampling, top1=top1)  # top1: None when sampling
+                for st, t, lg, r, (top1, _) in zip(states, sent, logits, rows, tops)]
     runner.commit({sid: path for sid, (path, _) in zip(sids, verdicts)})
     outcomes = []
     for s, tree, t, k, lg, r, (path, bonus), (top1, topk) in zip(active, trees, sent, keep, logits, rows, verdicts,
@@ -150,23 +146,6 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
         if planner is not None:
             planner.observe(s.state.sid, outcomes[-1])
     return outcomes
-
-
-_TAKES_TOP1: dict = {}
-
-
-def _takes_top1(proposer: Proposer) -> bool:
-    """Whether the proposer's ``verify`` takes the rows' argmax (``top1=``), as ``Proposer.verify``
-    does; an override written without it is called without it."""
-    f = type(proposer).verify
-    out = _TAKES_TOP1.get(f)
-    if out is None:
-        try:
-            out = "top1" in inspect.signature(f).parameters
-        except (TypeError, ValueError):
-            out = False
-        _TAKES_TOP1[f] = out
-    return out
 
 
 def _reduce_rows(logits: torch.Tensor, k: int) -> tuple[list[int], Optional[list[list[int]]]]:

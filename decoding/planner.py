@@ -18,15 +18,15 @@ likely to be accepted, or tokens are dear, steps shrink to one token per sequenc
 decoding, and never slower than it by the model's own estimate.
 """
 
-import inspect
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 from decoding.proposer import Outcome
 from decoding.tree import DRAFT, HARVEST, RECYCLE, WINDOW, StepTree
 
-# (step tokens of each sequence[, their committed lengths]) -> predicted ms of the forward
-CostFn = Callable[..., float]
+# (step tokens of each sequence, their committed lengths or None) -> predicted ms of the forward;
+# models.cost.StepCost is one, and a cost that ignores the lengths still takes them
+CostFn = Callable[[list[int], Optional[list[int]]], float]
 
 MAX_DEPTH_KEY = 8  # depths beyond share one estimate
 MAX_RANK_KEY = 3  # so do sibling ranks (0 = the first child of its parent, e.g. the top-1 prediction)
@@ -87,7 +87,7 @@ class Acceptance:
     def _root(self) -> "Acceptance":
         return self if self.shared is None else self.shared
 
-    def _rates(self, key: tuple) -> tuple[float, float]:
+    def _rates(self, key: "AcceptKey") -> tuple[float, float]:
         """(rate, optimistic) of ``key``, memoised until the next record (the planner asks for
         the same few keys hundreds of times per step)."""
         version = self._root().version
@@ -103,15 +103,15 @@ class Acceptance:
             out = self._memo[key] = (p, min(p + self.cfg.explore * (p * (1 - p) / n) ** 0.5, 0.99))
         return out
 
-    def rate(self, key: tuple) -> float:
+    def rate(self, key: "AcceptKey") -> float:
         return self._rates(key)[0]
 
-    def optimistic(self, key: tuple) -> float:
+    def optimistic(self, key: "AcceptKey") -> float:
         """The rate plus ``explore`` standard errors: what the planner plans with, so that
         rarely tried drafts get tried (and learned) instead of being ruled out by the prior."""
         return self._rates(key)[1]
 
-    def record(self, key: tuple, hit: bool) -> None:
+    def record(self, key: "AcceptKey", hit: bool) -> None:
         d = self.cfg.decay
         self.hits[key] = d * self.hits.get(key, 0.0) + hit
         self.trials[key] = d * self.trials.get(key, 0.0) + 1.0
@@ -131,7 +131,30 @@ NO_OPINION, BACKED, NOT_BACKED = 2, 1, 0
 BACKED_DEPTH = 1  # deepest node whose key says whether it is backed
 
 
-def node_keys(tree: StepTree, node: int, streak: bool = False) -> list[tuple]:
+class AcceptKey(NamedTuple):
+    """What one acceptance estimate is kept for (``Acceptance``): a candidate node's source bit,
+    its depth and its rank among its siblings (both capped), whether the sequence's last step
+    accepted a draft token, and whether a recycled prediction backs it."""
+
+    bit: int
+    depth: int
+    rank: int
+    streak: bool
+    backed: int
+
+
+class Item(NamedTuple):
+    """One thing ``Planner.select`` may add to a step: a candidate node or a window group."""
+
+    order_value: float  # minus expected new tokens per unit of added time: sorted ascending
+    order: tuple  # ties: shallower nodes and lower groups first (every prefix stays closed under parents)
+    seq: int  # which tree of the batch
+    value: float  # expected new tokens
+    tokens: int  # step tokens it adds
+    nodes: tuple  # the tree nodes it adds
+
+
+def node_keys(tree: StepTree, node: int, streak: bool = False) -> list[AcceptKey]:
     """The estimate keys of a candidate node: one per source bit it carries, with its depth,
     its rank among its siblings, whether the sequence's last step accepted a draft
     (acceptance comes in streaks: a copied passage goes on being copied) and, for a first
@@ -146,7 +169,7 @@ def node_keys(tree: StepTree, node: int, streak: bool = False) -> list[tuple]:
     sources, candidate = tree.sources, tree.candidate
     opinion = depth <= BACKED_DEPTH and any(candidate[c] and sources[c] & RECYCLE for c in kids.values())
     backed = _backing(bits, depth, opinion)
-    return [(bit, depth, rank, streak, backed) for bit in _bits(bits)]
+    return [AcceptKey(bit, depth, rank, streak, backed) for bit in _bits(bits)]
 
 
 def _backing(bits: int, depth: int, opinion: bool) -> int:
@@ -190,12 +213,13 @@ def node_estimates(tree: StepTree, acc: Acceptance) -> tuple[list[float], list[f
         parent = parents[n]
         bits = sources[n] & ~WINDOW
         backed = _backing(bits, depths[n], opinion[parent])
-        key = (bits, min(depths[n], MAX_DEPTH_KEY), min(rank[n], MAX_RANK_KEY), backed)
+        depth, r = min(depths[n], MAX_DEPTH_KEY), min(rank[n], MAX_RANK_KEY)
+        key = (bits, depth, r, backed)
         est = seen.get(key)
         if est is None:  # nodes of a tree share a few keys
             est_p = est_q = 0.0
-            for bit in _bits(key[0]):
-                a, b = rates((bit, key[1], key[2], streak, backed))
+            for bit in _bits(bits):
+                a, b = rates(AcceptKey(bit, depth, r, streak, backed))
                 est_p, est_q = max(est_p, a), max(est_q, b)
             est = seen[key] = (est_p, est_q)
         est_p, est_q = est
@@ -228,10 +252,6 @@ class Planner:
 
     def __init__(self, cost: CostFn, cfg: PlannerConfig | None = None):
         self.cost, self.cfg = cost, cfg or PlannerConfig()
-        try:  # does the cost take the sequences' committed lengths (models.cost.StepCost does)?
-            self._with_contexts = len(inspect.signature(cost).parameters) >= 2
-        except (TypeError, ValueError):
-            self._with_contexts = False
         self.contexts: Optional[list[int]] = None  # of the batch being planned
         self.shared = Acceptance(self.cfg)
         self.seq_acc: dict[int, Acceptance] = {}
@@ -268,9 +288,8 @@ class Planner:
         return (self.window_credit + c.window_rate * c.window_weight) / (self.window_columns + c.window_weight)
 
     def _cost(self, tokens: list[int]) -> float:
-        if self._with_contexts and self.contexts is not None and len(self.contexts) == len(tokens):
-            return self.cost(tokens, self.contexts)
-        return self.cost(tokens)
+        contexts = self.contexts if self.contexts is not None and len(self.contexts) == len(tokens) else None
+        return self.cost(tokens, contexts)
 
     def _time(self, tokens: list[int]) -> float:
         if not self.cfg.learn_overhead:
@@ -297,7 +316,7 @@ class Planner:
             acc, tokens = self.acceptance(sid), [1] * len(sids)
             # chance of depth d given d - 1 along the best chain (rank 0, the best source); depths
             # from MAX_DEPTH_KEY on share one
-            qs = [max(acc.optimistic((bit, d, 0, acc.streak, backed)) for bit in bits
+            qs = [max(acc.optimistic(AcceptKey(bit, d, 0, acc.streak, backed)) for bit in bits
                       for backed in (opinions if d <= BACKED_DEPTH else (NO_OPINION,)))
                   for d in range(1, MAX_DEPTH_KEY + 1)]
             best, best_d, p, gain = len(sids) / self._time(tokens) * (1 + self.cfg.min_gain), 0, 1.0, float(len(sids))
@@ -341,30 +360,27 @@ class Planner:
         ones = [1] * len(trees)
         base = self._cost(ones)
         unit = [max(1e-6, self._cost(ones[:b] + [2] + ones[b + 1:]) - base) for b in range(len(trees))]
-        # items: (-value per unit of time, order, sequence, value = expected new tokens, step tokens
-        # it adds, its nodes); order breaks ties: shallower nodes and lower groups first, which
-        # keeps every prefix of the ranking closed under parents
-        items = []
+        items: list[Item] = []
         for b, (tree, probs) in enumerate(zip(trees, all_probs)):
             u, pin, depths, candidate, group = unit[b], set(pinned[b]), tree.depths, tree.candidate, tree.group
             groups: dict[int, list[int]] = {}
             for n in range(1, len(tree)):
                 if candidate[n]:
                     if n not in pin:
-                        items.append((-probs[n] / u, (0, depths[n], n), b, probs[n], 1, (n,)))
+                        items.append(Item(-probs[n] / u, (0, depths[n], n), b, probs[n], 1, (n,)))
                 elif group[n] >= 0:
                     groups.setdefault(group[n], []).append(n)
             for g, nodes in groups.items():
-                items.append((-wrate / (len(nodes) * u), (1, g, 0), b, wrate, len(nodes), nodes))
-        items.sort(key=lambda it: (it[0], it[1], it[2]))
+                items.append(Item(-wrate / (len(nodes) * u), (1, g, 0), b, wrate, len(nodes), tuple(nodes)))
+        items.sort(key=lambda it: (it.order_value, it.order, it.seq))
         tokens = [1 + len(p) for p in pinned]
         gain = len(trees) + sum(probs[n] for p, probs in zip(pinned, all_probs) for n in p)
         best, best_k = gain / self._time(tokens) * (1 + self.cfg.min_gain), 0
         taken = []
-        rest = sum(it[3] for it in items)  # gain the items not yet looked at could still add
+        rest = sum(it.value for it in items)  # gain the items not yet looked at could still add
         max_tokens = self.cfg.max_tokens
         for it in items:
-            _, _, b, value, add, _ = it
+            b, value, add = it.seq, it.value, it.tokens
             rest -= value
             if tokens[b] + add > max_tokens:
                 continue
@@ -379,7 +395,7 @@ class Planner:
                 break
         keep = [[0] + p for p in pinned]
         for it in taken[:best_k]:
-            keep[it[2]] += it[5]
+            keep[it.seq] += it.nodes
         chosen = [sorted(k) for k in keep]
         for sid, (probs, _), k in zip(sids, estimates, chosen):
             expected = sum(probs[n] for n in k)  # the root's 1 included

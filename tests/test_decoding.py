@@ -7,9 +7,9 @@ import random
 import pytest
 import torch
 
-from decoding import (Budget, Context, DraftModel, DraftModelConfig, DraftPLD, HybridConfig, JacobiConfig, LookaheadConfig,
-                      Proposer, PromptLookup, PromptLookupConfig, RecycleConfig, SamplingParams, SeqState,
-                      SuffixConfig, generate, make_proposer)
+from decoding import (Budget, Context, DraftModel, DraftModelConfig, DraftPLD, HybridConfig, JacobiConfig,
+                      LookaheadConfig, Proposer, PromptLookup, PromptLookupConfig, RecycleConfig, SamplingParams,
+                      SeqState, SuffixConfig, generate, make_proposer)
 from decoding.methods import METHODS
 from helpers import ours_from_hf, tiny_draft, tiny_hf_model
 from kernels.backend import TorchBackend
@@ -430,17 +430,24 @@ def test_a_greedy_step_reduces_its_logits_rows_once(tiny_torch, monkeypatch, nam
         assert seen == [True] * steps
 
 
-def test_a_verify_override_without_top1_still_works(tiny_torch):
-    """``verify`` overrides written before the loop passed ``top1`` are called without it
-    (they reduce the rows themselves) and stay lossless."""
+def test_a_verify_override_gets_top1_always(tiny_torch):
+    """One calling convention: ``verify`` always gets ``top1=`` (the rows' argmax when greedy,
+    None when sampling); an override that reduces the rows itself, ignoring it, stays lossless,
+    and one written without the argument is a TypeError, not silently called another way."""
     from decoding.lookahead import LookaheadPLD
 
-    class OldStyle(LookaheadPLD):
-        calls = 0
+    class Own(LookaheadPLD):
+        seen: list = []
 
-        def verify(self, state, tree, logits, rows, sampling):
-            OldStyle.calls += 1
-            return super().verify(state, tree, logits, rows, sampling)
+        def verify(self, state, tree, logits, rows, sampling, *, top1=None):
+            Own.seen.append(top1 is not None)
+            return super().verify(state, tree, logits, rows, sampling)  # reduces the rows itself
     ref = [generate(tiny_torch, [p], max_new_tokens=12, eos_token_ids=())[0].output_ids for p in TINY_PROMPTS]
-    res = generate(tiny_torch, TINY_PROMPTS, OldStyle(), max_new_tokens=12, eos_token_ids=())
-    assert [r.output_ids for r in res] == ref and OldStyle.calls > 0
+    res = generate(tiny_torch, TINY_PROMPTS, Own(), max_new_tokens=12, eos_token_ids=())
+    assert [r.output_ids for r in res] == ref and Own.seen and all(Own.seen)
+
+    class Old(LookaheadPLD):
+        def verify(self, state, tree, logits, rows, sampling):
+            return super().verify(state, tree, logits, rows, sampling)
+    with pytest.raises(TypeError, match="top1"):
+        generate(tiny_torch, TINY_PROMPTS[:1], Old(), max_new_tokens=4, eos_token_ids=())

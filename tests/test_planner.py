@@ -18,7 +18,7 @@ FIXED = PlannerConfig(prior=0.4, learn_overhead=False, explore=0.0)
 
 def linear_cost(base: float, per_token: float):
     """ms of a forward: base + per_token x all step tokens of the batch."""
-    return lambda tokens: base + per_token * sum(tokens)
+    return lambda tokens, contexts=None: base + per_token * sum(tokens)
 
 
 def chain(n: int, source: int = PLD) -> StepTree:
@@ -57,7 +57,7 @@ def test_node_probs_multiply_along_paths_and_rank():
     (linear_cost(10, 1), [0, 1, 2]),  # (1 + .4 + .16) / 13 beats 1/11, 1.4/12 and 1.624/14
     (linear_cost(10, 10), [0]),  # a token costs as much as the whole step: plain decoding
     (linear_cost(10, 0), [0, 1, 2, 3, 4, 5, 6]),  # flat: send everything
-    (lambda tokens: 10 if sum(tokens) <= 4 else 100, [0, 1, 2, 3]),  # a cliff after 4 tokens
+    (lambda tokens, contexts=None: 10 if sum(tokens) <= 4 else 100, [0, 1, 2, 3]),  # a cliff after 4 tokens
 ])
 def test_select_on_a_chain(cost, keep):
     assert Planner(cost, FIXED).select([0], [chain(6)]) == [keep]
@@ -68,7 +68,7 @@ def test_select_stops_scanning_once_nothing_left_can_win():
     later, when even every remaining node's gain could not beat it, instead of pricing all 40."""
     calls = []
     cost = linear_cost(10, 1)
-    plan = Planner(lambda tokens: calls.append(1) or cost(tokens), FIXED)
+    plan = Planner(lambda tokens, contexts=None: calls.append(1) or cost(tokens), FIXED)
     assert plan.select([0], [chain(40)]) == [[0, 1, 2]]
     assert len(calls) < 12
 
@@ -175,8 +175,8 @@ def test_max_depth_stops_early_only_where_nothing_deeper_can_win():
     the batch: the early stop gives the depth of pricing every depth, with fewer cost calls."""
     g = torch.Generator().manual_seed(0)
     costs = [linear_cost(10, 0.05), linear_cost(10, 0.5), linear_cost(10, 0.0),
-             lambda tokens: 10 + 3 * (sum(tokens) // 16) + 0.01 * sum(tokens),
-             lambda tokens: 10 + 0.2 * max(0, sum(tokens) - 8)]
+             lambda tokens, contexts=None: 10 + 3 * (sum(tokens) // 16) + 0.01 * sum(tokens),
+             lambda tokens, contexts=None: 10 + 0.2 * max(0, sum(tokens) - 8)]
     calls = [0, 0]
     for trial in range(60):
         cost = costs[trial % len(costs)]
@@ -191,10 +191,10 @@ def test_max_depth_stops_early_only_where_nothing_deeper_can_win():
                     hit = float(torch.rand(1, generator=g)) ** 0.2  # mostly high
                     key = (src, d, 0, False, NO_OPINION)
                     acc.hits[key], acc.trials[key] = 40 * hit, 40.0
-        counting = Planner(lambda t: calls.__setitem__(0, calls[0] + 1) or cost(t), cfg)
+        counting = Planner(lambda t, contexts=None: calls.__setitem__(0, calls[0] + 1) or cost(t), cfg)
         counting.seq_acc, counting.shared = plan.seq_acc, plan.shared
         got = counting.max_depth(list(range(n_seqs)), PLD | POOL)
-        brute = Planner(lambda t: calls.__setitem__(1, calls[1] + 1) or cost(t), cfg)
+        brute = Planner(lambda t, contexts=None: calls.__setitem__(1, calls[1] + 1) or cost(t), cfg)
         brute.seq_acc, brute.shared = plan.seq_acc, plan.shared
         assert got == [brute_max_depth(brute, sid, n_seqs, sid, [PLD, POOL]) for sid in range(n_seqs)]
     assert calls[0] < calls[1] / 2  # the stop does stop

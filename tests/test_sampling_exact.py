@@ -120,7 +120,7 @@ def test_joint_of_first_three_tokens_matches_target(target, name, setting):
     # under which some drafts pay and some do not)
     # "planned-draft": draft+pld sizing its own chain by the draft's calibrated confidence and
     # its measured forward time, the planner sending the nodes whose chances pay
-    planner = Planner(lambda tokens: 100 + 0.02 * sum(tokens), PlannerConfig(learn_overhead=False)) \
+    planner = Planner(lambda tokens, contexts=None: 100 + 0.02 * sum(tokens), PlannerConfig(learn_overhead=False)) \
         if name.startswith("planned") else None
     inner = {"planned": "lookahead+pld", "planned-draft": "draft+pld"}.get(name, name)
     counts, accepted = empirical(target, method(inner, target), sp, planner)
