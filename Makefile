@@ -23,6 +23,7 @@ bench: setup
 	$(PY) bench/run.py --compare-hf
 
 test: setup
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q tests
 
 test-all: setup

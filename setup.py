@@ -9,7 +9,8 @@ setup(
     license_files=["LICENSE"],
     python_requires=">=3.10",
     packages=["kernels", "models", "decoding", "bench", "bench.data"],
-    package_data={"bench.data": ["*.jsonl", "*.json", "*.md", "*.txt"], "kernels": ["cpu/*.c", "cpu/*.h"]},  # C: built on first use
+    # the C sources: built on first use
+    package_data={"bench.data": ["*.jsonl", "*.json", "*.md", "*.txt"], "kernels": ["cpu/*.c", "cpu/*.h"]},
     install_requires=[
         # CPU machines: install torch==2.13.0 first (a local CPU build); the range below then
         # installs nothing more. GPU machines keep their own torch.
@@ -26,7 +27,7 @@ setup(
         "matplotlib",
     ],
     extras_require={
-        "dev": ["pytest", "hypothesis"],
+        "dev": ["pytest", "hypothesis", "ruff"],
         "flash": ["flash-attn"],
     },
 )

@@ -176,7 +176,8 @@ def bench_attention(name, seqs, splits, sz, dtype, device, g, time_fn):
     try:
         row["sdpa"] = _check_dense(F.scaled_dot_product_attention(q, k, v, attn_mask=vis[:, None], enable_gqa=True),
                                    seqs, ref, tol, time_fn,
-                                   lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=vis[:, None], enable_gqa=True))
+                                   lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=vis[:, None],
+                                                                          enable_gqa=True))
     except Exception as e:  # noqa: BLE001 -- a baseline that cannot run is reported, not fatal
         row["sdpa"] = f"n/a ({type(e).__name__})"
     try:
@@ -231,7 +232,8 @@ def bench_ngram(sz, device, g, time_fn):
                                           zip(want[0].tolist(), want[1].tolist())]:
         raise AssertionError("ngram_match_lists disagrees with the reference")
     return dict(kernel="ngram_match", case=f"B={B}, L={lo}..{hi}, max_n=3, k=10", err=0.0,
-                triton=time_fn(lambda: ngram_match(tokens, cu, **kw)), ref=time_fn(lambda: ngram_match_ref(tokens, cu, **kw)),
+                triton=time_fn(lambda: ngram_match(tokens, cu, **kw)),
+                ref=time_fn(lambda: ngram_match_ref(tokens, cu, **kw)),
                 host=time_fn(lambda: ngram_match_lists(lists, **kw)))
 
 
@@ -311,7 +313,8 @@ def fmt(x, spec):
 
 def print_table(rows, gpu: bool):
     cols = [("kernel", "kernel", "s"), ("case", "case", "s"), ("triton ms", "triton", ".3f"), ("ref ms", "ref", ".3f"),
-            ("speedup", "speedup", ".1f"), ("host ms", "host", ".3f"), ("flex ms", "flex", ".3f"), ("sdpa ms", "sdpa", ".3f"),
+            ("speedup", "speedup", ".1f"), ("host ms", "host", ".3f"), ("flex ms", "flex", ".3f"),
+            ("sdpa ms", "sdpa", ".3f"),
             ("GB/s", "gbps", ".0f"), ("max err", "err", ".1e")]
     for r in rows:
         r["speedup"] = r["ref"] / r["triton"]

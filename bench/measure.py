@@ -68,9 +68,11 @@ class PeakMemory:
                          "run; weights and cache included); +run: peak minus allocated at its start")
         elif self.proc:
             self.kind = ("process resident set: peak of the run (VmHWM, reset before each run through "
-                         "/proc/self/clear_refs; the whole process, weights included); +run: peak minus RSS at its start")
+                         "/proc/self/clear_refs; the whole process, weights included); "
+                         "+run: peak minus RSS at its start")
         else:
-            self.kind = ("process lifetime peak RSS (ru_maxrss; cannot be reset, so a run's peak includes every earlier "
+            self.kind = ("process lifetime peak RSS (ru_maxrss; cannot be reset, so a run's peak includes "
+                         "every earlier "
                          "run's); +run: how far the run raised it")
 
     @staticmethod

@@ -324,7 +324,8 @@ def measure(args) -> dict:
                     torch=torch.__version__, triton=triton.__version__,
                     python=platform.python_version(), command=" ".join(sys.argv),
                     cuda_graphs=bool(args.cuda_graphs),
-                    graph_stats=None if runner.graphs is None else dict(runner.graphs.stats, failed=runner.graphs.failed)),
+                    graph_stats=None if runner.graphs is None
+                    else dict(runner.graphs.stats, failed=runner.graphs.failed)),
         decode=decode, step_cost=curve)
 
 
@@ -397,17 +398,19 @@ def _b(r: dict) -> str:
 
 def _roofline_line(h: dict) -> str:
     r = h.get("roofline") or {}
-    peaks = ", ".join(f"{k}{'-bit FMA' if k.isdigit() else ''} {v:.0f} GFLOP/s" for k, v in r.get("peak_gflops", {}).items())
+    peaks = ", ".join(f"{k}{'-bit FMA' if k.isdigit() else ''} {v:.0f} GFLOP/s"
+                      for k, v in r.get("peak_gflops", {}).items())
     return (f"roofline (measured in this run): peak {peaks or 'not measured'}; {r.get('bandwidth_from', 'bandwidth')} "
-            f"{r.get('bandwidth_gbs', 0):.1f} GB/s; products {h.get('layer_flops_per_row', 0) / 1e6:.0f} MFLOP per step "
-            f"row + {h.get('head_flops_per_row', 0) / 1e6:.0f} per logits row, + attention (4 x layers x heads x head_dim "
-            "per row and key). A step's floor: the larger of its weight bytes at that bandwidth and its flops at the best "
-            "peak.")
+            f"{r.get('bandwidth_gbs', 0):.1f} GB/s; products {h.get('layer_flops_per_row', 0) / 1e6:.0f} MFLOP "
+            f"per step row + {h.get('head_flops_per_row', 0) / 1e6:.0f} per logits row, + attention (4 x layers x "
+            "heads x head_dim per row and key). A step's floor: the larger of its weight bytes at that bandwidth "
+            "and its flops at the best peak.")
 
 
 def _roofline_table(res: dict) -> list[str]:
     lines = ["", "## Against the roofline", "",
-             "| build | batch | step tokens | forward ms | floor ms | bound | forward / floor | GFLOP/s | share of peak |",
+             "| build | batch | step tokens | forward ms | floor ms | bound | forward / floor | GFLOP/s "
+             "| share of peak |",
              "|---|---:|---:|---:|---:|---|---:|---:|---:|"]
     rows = [dict(r, step_tokens=1) for r in res["decode"]] + res["step_cost"]
     for r in rows:
@@ -456,7 +459,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--step-batch", type=ints, default=None, help="batch sizes of the step-cost curve (default 1,8)")
     p.add_argument("--context", type=int, default=512, help="committed tokens per sequence (default 512)")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions on a CPU (default 5)")
-    p.add_argument("--copy-mb", type=int, default=None, help="buffer of the copy-bandwidth probe (default 1024 GPU, 256 CPU)")
+    p.add_argument("--copy-mb", type=int, default=None,
+                   help="buffer of the copy-bandwidth probe (default 1024 GPU, 256 CPU)")
     p.add_argument("--quick", action="store_true", help="few small sizes (smoke test)")
     p.add_argument("--no-tune", action="store_true", help="keep every product plain F.linear (no tuning)")
     p.add_argument("--isa", type=lambda t: [x.strip() for x in t.split(",") if x.strip()], default=None,

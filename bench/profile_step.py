@@ -34,7 +34,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=1, help="sequences in the step (default 1)")
     p.add_argument("--context", type=int, default=512, help="committed tokens per sequence (default 512)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on a GPU, fp32 on a CPU")
-    p.add_argument("--kernel", choices=["triton", "torch"], default=None, help="default: triton on a GPU, torch on a CPU")
+    p.add_argument("--kernel", choices=["triton", "torch"], default=None,
+                   help="default: triton on a GPU, torch on a CPU")
     p.add_argument("--cuda-graphs", action="store_true", help="also profile the step replayed from a CUDA graph")
     p.add_argument("--steps", type=int, default=5, help="profiled forwards per row (default 5)")
     p.add_argument("--top", type=int, default=15, help="ops listed by host time (default 15)")

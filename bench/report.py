@@ -85,7 +85,8 @@ def markdown(records: list[dict], header: dict, methods: list[str], tasks: list[
     lines += ["", "tokens/s: median over the repeats (each repeat: new tokens / wall time of the group's prompts); "
               "min-max: the range over the repeats. Speedup: tokens/s over our autoregressive decoding with "
               "the same kernels, same run (with repeats: the median over the rounds of that ratio within each "
-              "round, min-max beside it; every round runs every method once, back to back). tau: new tokens per forward after prefill. TTFT: median time to first "
+              "round, min-max beside it; every round runs every method once, back to back). tau: new tokens "
+              "per forward after prefill. TTFT: median time to first "
               "token (prefill of the batch + first token). peak memory: see the header's memory line. identical: "
               "share of greedy outputs equal to autoregressive (n/a when sampling).", ""]
     cols = tasks + (["all"] if len(tasks) > 1 else [])
@@ -103,8 +104,9 @@ def markdown(records: list[dict], header: dict, methods: list[str], tasks: list[
                 f"{x['peak_mem_mib']:.0f} (+{x['peak_mem_rise_mib']:.0f})"
             ttft = None if x["ttft_s"] is None else x["ttft_s"] * 1e3
             ident = "n/a" if x["identical"] is None else _fmt(x["identical"], ".0%")
-            lines.append(f"| {m} | {t} | {x['prompts']} | {x['new_tokens']} | {x['forwards']} | {_fmt(x['tok_s'], '.1f')} "
-                         f"| {rng} | {_fmt(x['speedup'])} | {srng} | {_fmt(x['tau'])} | {_fmt(x['mean_step_tokens'], '.1f')} "
+            lines.append(f"| {m} | {t} | {x['prompts']} | {x['new_tokens']} | {x['forwards']} "
+                         f"| {_fmt(x['tok_s'], '.1f')} | {rng} | {_fmt(x['speedup'])} | {srng} | {_fmt(x['tau'])} "
+                         f"| {_fmt(x['mean_step_tokens'], '.1f')} "
                          f"| {_fmt(ttft, '.0f')} | {mem} | {ident} |")
     lines.append("")
     tables = [("speedup", "speedup over ar")]
@@ -163,7 +165,8 @@ def planner_summary(records: list[dict]) -> dict[str, dict]:
     out = {}
     for m, t in tot.items():
         ar_rate = t["seq_steps"] / t["one_token_ms"] if t["one_token_ms"] else float("nan")
-        out[m] = {"step_tokens": t["step_tokens"] / t["seq_steps"], "expected_tokens": t["expected_tokens"] / t["steps"],
+        out[m] = {"step_tokens": t["step_tokens"] / t["seq_steps"],
+                  "expected_tokens": t["expected_tokens"] / t["steps"],
                   "predicted_ms": t["predicted_ms"] / t["steps"], "measured_ms": t["measured_ms"] / t["steps"],
                   "predicted_speedup": (t["expected_tokens"] / t["predicted_ms"]) / ar_rate if t["predicted_ms"]
                   else float("nan")}

@@ -44,7 +44,8 @@ def parse_args(argv=None):
     p.add_argument("--prompts", type=Path, default=None,
                    help="your own JSONL prompt file or a Spec-Bench question file instead of the suite")
     p.add_argument("--split", default="test", choices=("dev", "test"), help="suite split (tune on dev)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="per turn; default 128 (32 with interpreted Triton)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="per turn; default 128 (32 with interpreted Triton)")
     p.add_argument("--batch-size", type=int, default=1, help="prompts of one task decoded together (default 1)")
     p.add_argument("--limit", type=int, default=None,
                    help="prompts per task (default: all on a GPU, 1 on a CPU)")

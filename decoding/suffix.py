@@ -12,7 +12,7 @@ nothing of the others.
 """
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Union
 
 from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState

@@ -241,7 +241,8 @@ def ngram_match(
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype != torch.int32:
         raise ValueError(f"cu_seqlens must be an int32 tensor, got {getattr(cu_seqlens, 'dtype', cu_seqlens)}")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1 or not cu_seqlens.is_contiguous():
-        raise ValueError(f"cu_seqlens must be a contiguous 1-D tensor of B + 1 >= 1 offsets, got {tuple(cu_seqlens.shape)}")
+        raise ValueError(f"cu_seqlens must be a contiguous 1-D tensor of B + 1 >= 1 offsets, "
+                         f"got {tuple(cu_seqlens.shape)}")
     if cu_seqlens.device != tokens.device:
         raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but tokens is on {tokens.device}")
     if k > 1024:

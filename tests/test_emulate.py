@@ -82,7 +82,8 @@ def test_emulate_step_cost_sets_and_clears_the_models_emulation(tiny):
     em = emulate_step_cost(tiny, StepCost(**CURVE), source="f.json")
     try:
         assert tiny.emulated_cost is em and em.scale == 1.0
-        assert em.describe().startswith("f.json: forwards of at most 64 step tokens") and "1 token 10.0 ms" in em.describe()
+        described = em.describe()
+        assert described.startswith("f.json: forwards of at most 64 step tokens") and "1 token 10.0 ms" in described
         assert "16 tokens 20.0 (2.00x)" in em.describe()
         em = emulate_step_cost(tiny, StepCost(**CURVE), scale=2.0, source="f.json")
         assert em.describe().startswith("f.json x 2: ") and "1 token 20.0 ms" in em.describe()

