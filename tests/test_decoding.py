@@ -396,13 +396,13 @@ def test_a_greedy_step_reduces_its_logits_rows_once(tiny_torch, monkeypatch, nam
     reads equals torch's answers on the same rows."""
     import importlib
 
-    from kernels import skinny
+    from kernels import rows as logit_rows
     calls = {"argmax_rows": 0, "argmax_topk_rows": 0}
 
     def counted(key):
         def f(*a, **k):
             calls[key] += 1
-            return getattr(skinny, key)(*a, **k)
+            return getattr(logit_rows, key)(*a, **k)
         return f
     for name_ in ("decoding.generate", "decoding.proposer", "decoding.verify"):  # where they are imported
         mod = importlib.import_module(name_)  # (the package exports a function named generate)

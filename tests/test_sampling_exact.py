@@ -146,7 +146,7 @@ def test_power_against_a_5_percent_shift(target):
 class GreedyAcceptLookahead(LookaheadPLD):
     """A wrong verifier: accepts the first candidate child whenever it is the argmax."""
 
-    def verify(self, state, tree, logits, rows, sampling):
+    def verify(self, state, tree, logits, rows, sampling, *, top1=None):
         node, path = 0, [0]
         while True:
             kids = tree.candidate_children(node)
