@@ -210,7 +210,7 @@ def _key(model, context: int) -> dict:
             "dtype": str(model.dtype), "backend": model.backend.name, "context": context,
             "cuda_graphs": getattr(model, "step_graphs", None) is not None,
             # an emulated curve (Emulation): its forwards are padded, so is the curve measured
-            "emulated": em.key() if (em := getattr(model, "emulated_cost", None)) is not None else None,
+            "emulated": em.key() if (em := model.emulated_cost) is not None else None,
             "shape": [cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads,
                       cfg.num_kv_heads, cfg.head_dim],
             "products": hashlib.sha256(tables.encode()).hexdigest()[:16],

@@ -150,6 +150,10 @@ class Transformer(nn.Module):
     # the runner ModelRunner.for_batch hands out again; None = off
     step_graphs: Optional[dict] = None
     shared_runner = None
+    # a step-cost curve every ModelRunner.forward of this model is padded to (models.cost.Emulation,
+    # set by models.cost.emulate_step_cost); None = the machine's own speed. Declared here, like
+    # the graphs' options: per-model run-time settings the runner reads, not hidden state
+    emulated_cost = None
 
     def __init__(self, cfg: ModelConfig, backend: Backend):
         super().__init__()

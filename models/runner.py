@@ -159,7 +159,7 @@ class ModelRunner:
     def forward(self, tokens: torch.Tensor, meta: StepMeta, idx: Optional[torch.Tensor]) -> torch.Tensor:
         """The forward of a prepared step (``prepare``): replayed from a CUDA graph where this
         runner has them and the step fits one, else eager. Logits (R, vocab) fp32."""
-        emulated = getattr(self.model, "emulated_cost", None)  # models.cost.Emulation
+        emulated = self.model.emulated_cost  # models.cost.Emulation or None
         start = emulated.clock() if emulated is not None else 0.0
         logits = self.graphs.run(tokens, meta, idx) if self.graphs is not None else None
         if logits is None:
