@@ -159,7 +159,9 @@ def test_bench_run_emulated(tmp_path):
     from bench.run import main
 
     steep = tmp_path / "steep.json"
-    curve = StepCost([1, 2, 64], [40.0, 80.0, 800.0], 0.0, 256)
+    # slower than this machine even when other work shares its cores (a forward slower than the
+    # curve is not padded, and the test needs some padded)
+    curve = StepCost([1, 2, 64], [150.0, 300.0, 3000.0], 0.0, 256)
     save_step_cost(curve, steep)
     q = tmp_path / "q.jsonl"
     q.write_text(json.dumps({"prompt": "Count from one to twenty: one, two, three,", "task": "mine"}) + "\n")
