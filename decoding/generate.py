@@ -80,6 +80,7 @@ def generate(
     check_prompts(prompts, max_new_tokens, model.cfg.max_position_embeddings, model.cfg.vocab_size)
     if prefill_chunk < 1:
         raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+    proposer.check(model)  # before the prefill: nothing generated (or streamed) yet
     runner = runner or ModelRunner.for_batch(model, prompts, max_new_tokens)
     seqs = [Sequence(SeqState(i, [int(t) for t in p], len(p), _generator(sampling, i, runner.device)), max_new_tokens)
             for i, p in enumerate(prompts)]
