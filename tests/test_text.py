@@ -104,7 +104,8 @@ def test_cli_messages_file_errors(tmp_path, capsys):
     bad.write_text("[{")
     wrong = tmp_path / "wrong.json"
     wrong.write_text(json.dumps([{"role": "robot", "content": "x"}]))
-    for path, message in [(missing, "no such file"), (bad, "not JSON"), (wrong, "messages[0] has unknown role 'robot'")]:
+    for path, message in [(missing, "no such file"), (bad, "not JSON"),
+                          (wrong, "messages[0] has unknown role 'robot'")]:
         with pytest.raises(SystemExit):
             parse_args(["--messages", str(path)])
         assert f"--messages {path}: {message}" in capsys.readouterr().err
