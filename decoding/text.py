@@ -8,7 +8,9 @@
 Prompts are strings (the chat template is applied unless ``chat_template=False``) or chat
 message lists; ``stop`` strings end a sequence as soon as they appear (the text is cut before
 them; one string is one stop string, not its characters); ``stream(index, piece)`` receives
-each sequence's new text as it is accepted; the EOS token never reaches the text. The draft
+each sequence's new text as it is accepted (an end that may begin a stop string is held back
+until the next tokens tell), and the pieces add up to the result's text; the EOS token never
+reaches the text. The draft
 methods take ``draft_model=`` (a TextGenerator or ``load_model``'s result: its tokenizer is
 compared with this one's before anything is generated). Every other option is ``generate``'s.
 Every argument is checked before the step cost is measured or a token is generated
@@ -112,16 +114,21 @@ class TextGenerator:
         eos = set(self.model.cfg.eos_token_ids if kw.get("eos_token_ids") is None else kw["eos_token_ids"])
         texts = [_Detokenizer(self.tokenizer, eos) for _ in batch]
         cut: dict[int, int] = {}
+        streamed = [0] * len(batch)  # characters of each text handed to stream
 
         def on_tokens(i: int, tokens: list[int]) -> bool:
-            piece = texts[i].push(tokens)
-            hit = [texts[i].text.find(s) for s in stop if s in texts[i].text]
+            texts[i].push(tokens)
+            text = texts[i].text
+            hit = [text.find(s) for s in stop if s in text]
             if hit:
                 cut[i] = min(hit)
-                shown = len(texts[i].text) - len(piece)
-                piece = texts[i].text[shown:cut[i]] if cut[i] > shown else ""
-            if stream is not None and piece:
-                stream(i, piece)
+            # what may go out: up to the stop string, or, while none appeared, all but an end
+            # that may be the start of one (a newline streamed before the second of "\n\n"
+            # arrives could not be taken back)
+            upto = cut[i] if hit else len(text) - _stop_prefix(text, stop)
+            if stream is not None and upto > streamed[i]:
+                stream(i, text[streamed[i]:upto])
+                streamed[i] = upto
             return bool(hit)
 
         res: list[GenerationResult] = generate(self.model, ids, proposer, max_new_tokens=max_new_tokens,
@@ -130,8 +137,10 @@ class TextGenerator:
         for i, r in enumerate(res):
             ids_ = r.output_ids[:-1] if r.output_ids and r.output_ids[-1] in eos else r.output_ids
             text = self.tokenizer.decode(ids_, skip_special_tokens=True)
-            out.append(TextResult(text[:cut[i]] if i in cut else text, r.output_ids, r.finish_reason,
-                                  r.prompt_tokens, r.stats))
+            text = text[:cut[i]] if i in cut else text
+            if stream is not None and len(text) > streamed[i]:  # what was held back, at the end
+                stream(i, text[streamed[i]:])
+            out.append(TextResult(text, r.output_ids, r.finish_reason, r.prompt_tokens, r.stats))
         return out
 
     def _proposer(self, method, draft_model) -> Proposer:
@@ -159,6 +168,17 @@ class TextGenerator:
                         "this one's)")
         inputs.same_tokenizer(self.tokenizer, tok, "this TextGenerator's model", "draft_model")
         return make_proposer(method, draft_model=model)
+
+
+def _stop_prefix(text: str, stop: list[str]) -> int:
+    """The length of the longest end of ``text`` that begins a stop string (0: none)."""
+    best = 0
+    for s in stop:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
 
 
 def _check_passed_on(kw: dict) -> None:

@@ -461,3 +461,18 @@ def test_tokenizer_comparison_reports_missing_and_extra_tokens():
     with pytest.raises(ValueError, match=r"1 of the target's 2 tokens are missing \(e.g. 'b'\); 1 tokens are not the "
                                          r"target's \(e.g. 'c'\)"):
         inputs.same_tokenizer(V({"a": 1, "b": 2}), V({"a": 1, "c": 2}))
+
+
+def test_stream_holds_back_what_may_begin_a_stop_string(gen):
+    """The streamed pieces add up to the result's text even when a stop string's first
+    characters arrived in an earlier piece than its last ones."""
+    full = gen.generate("hello there", "ar", max_new_tokens=40, eos_token_ids=())[0].text
+    stop = full[20:24]  # four characters, one token each: they arrive over four steps
+    pieces = []
+    r = gen.generate("hello there", "ar", max_new_tokens=40, eos_token_ids=(), stop=[stop, "zz"],
+                     stream=lambda i, p: pieces.append(p))[0]
+    assert r.finish_reason == "stop" and "".join(pieces) == r.text == full[:full.find(stop)]
+    pieces.clear()
+    r = gen.generate("hello there", "ar", max_new_tokens=40, eos_token_ids=(), stop=[full[-1] + "z"],
+                     stream=lambda i, p: pieces.append(p))[0]  # the last character may begin it: held back
+    assert r.finish_reason == "length" and "".join(pieces) == r.text == full and pieces[-1].endswith(full[-1])

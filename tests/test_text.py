@@ -146,3 +146,14 @@ def test_cli_plans_with_a_pinned_step_cost(smol, ar_answer, tmp_path):
     assert cheap == again
     assert dear[0] == 1.0 and re.fullmatch(r"tokens gained per step -> steps: 1: \d+", dear[1])
     assert cheap[0] > 1.0, cheap
+
+
+def test_cli_stop_as_the_readme_writes_it(smol):
+    r"""The README's `--stop "\n\n"` (a shell passes a backslash and an n): the CLI reads it as
+    a blank line, and the answer stops there."""
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["def fib(n):", "--no-chat-template", "--method", "pld", "--max-new-tokens", "64", "--stop", r"\n\n",
+                 "--no-plan"], out=out, err=err) == 0
+    assert "finish: stop" in err.getvalue(), err.getvalue()
+    text = out.getvalue()[:-1]  # the CLI ends the answer with one newline
+    assert "\n" in text and "\n\n" not in text and not text.endswith("\n")
