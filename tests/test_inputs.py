@@ -476,3 +476,20 @@ def test_stream_holds_back_what_may_begin_a_stop_string(gen):
     r = gen.generate("hello there", "ar", max_new_tokens=40, eos_token_ids=(), stop=[full[-1] + "z"],
                      stream=lambda i, p: pieces.append(p))[0]  # the last character may begin it: held back
     assert r.finish_reason == "length" and "".join(pieces) == r.text == full and pieces[-1].endswith(full[-1])
+
+
+@pytest.mark.parametrize("prompts, kw, message", [
+    ("hello", {}, "prompts must be a list of prompts, each a list of token ids, got str; text goes to "
+                  "TextGenerator.generate"),
+    (["hello"], {}, "prompt 0 must be a list of token ids, got str; text goes to TextGenerator.generate"),
+    ([1, 2, 3], {}, r"prompt 0 must be a list of token ids, got int \(one prompt is \[ids\]: a list of one list\)"),
+    ([[1.5, 2]], {}, "prompt 0: token ids must be integers, got 1.5"),
+    ([[1, 2]], dict(max_new_tokens=2.0), "max_new_tokens must be an integer >= 0, got 2.0"),
+    ([[1, 2]], dict(sampling={"temperature": 1}), "sampling must be a SamplingParams"),
+    ([[1, 2]], dict(proposer="pld"), r"proposer must be a Proposer \(make_proposer\(NAME\)\) or None, got 'pld'"),
+])
+def test_token_api_rejects_what_is_not_token_ids(tiny, prompts, kw, message):
+    from decoding import generate
+
+    with pytest.raises(ValueError, match=message):
+        generate(tiny, prompts, kw.pop("proposer", None), **kw)
