@@ -493,3 +493,14 @@ def test_token_api_rejects_what_is_not_token_ids(tiny, prompts, kw, message):
 
     with pytest.raises(ValueError, match=message):
         generate(tiny, prompts, kw.pop("proposer", None), **kw)
+
+
+def test_load_tokenizer_reads_a_tokenizer_without_its_weights():
+    """What the benchmark compares a transformers-only draft (hf-assisted) with."""
+    from models.loader import load_tokenizer
+
+    tok = load_tokenizer("smollm2")
+    assert len(tok.get_vocab()) > 10_000 and tok.chat_template
+    inputs.same_tokenizer(tok, load_tokenizer(None), "--model smollm2", "--draft-model smollm2")
+    with pytest.raises(ValueError, match="unknown model '/no/such/folder'"):
+        load_tokenizer("/no/such/folder")
