@@ -8,7 +8,7 @@ import json
 import statistics
 import sys
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from bench.measure import Measured, PeakMemory, measure, merge
 
@@ -19,10 +19,11 @@ class Bench:
 
     def __init__(self, args, memory: PeakMemory):
         from bench.hf_compare import HF_ASSISTED, HF_METHODS, load_hf_model
+        from decoding.inputs import same_tokenizer
         from decoding.options import DTYPES, sampling_of
         from kernels.backend import get_backend
         from models.cost import step_cost
-        from models.loader import DEFAULT_CACHE_DIR, load_model, resolve_model_path
+        from models.loader import DEFAULT_CACHE_DIR, load_model, load_tokenizer, resolve_model_path
 
         self.args, self.memory = args, memory
         self.loads: dict[str, dict] = {}
@@ -33,7 +34,13 @@ class Bench:
         print(f"loaded: {self.model_line}", flush=True)
         self.draft = None
         if any(m.startswith("draft") for m in args.methods):
-            self.draft = self._load("draft", lambda: load_model(args.draft_model, backend, dtype, args.device))[0]
+            draft = self._load("draft", lambda: load_model(args.draft_model, backend, dtype, args.device))
+            self.draft = draft.model
+            # the vocabularies themselves (token -> id), now: before anything is generated
+            same_tokenizer(self.tok, draft.tokenizer, f"--model {args.model}", f"--draft-model {args.draft_model}")
+        elif args.compare_hf and args.draft_model:  # hf-assisted alone: its tokenizer, without our copy of it
+            same_tokenizer(self.tok, load_tokenizer(args.draft_model), f"--model {args.model}",
+                           f"--draft-model {args.draft_model}")
         if getattr(args, "cuda_graphs", False):
             from models.graphs import use_cuda_graphs
             for m in (self.model, self.draft):
@@ -158,7 +165,10 @@ class Bench:
         return (f"record {conv['rec']['id']} ({conv['rec']['task']}, turn {conv['turn']}): prompt of {n} tokens "
                 f"+ --max-new-tokens {self.args.max_new_tokens} exceeds the model context of {ctx} tokens; skipped")
 
-    def run(self, records: list[dict]) -> list[dict]:
+    def run(self, records: list[dict], on_batch: Optional[Callable[[list[dict]], None]] = None) -> list[dict]:
+        """Every method on every record (its turns in order); ``on_batch(results so far)`` after
+        each batch of prompt turns is measured (bench/run.py writes results.json there, so that
+        a run that fails later keeps what it measured)."""
         from tqdm import tqdm
 
         args = self.args
@@ -212,6 +222,8 @@ class Bench:
                                               {"role": "user", "content": nxt[c["turn"] - 1]}]
                                 for name, msgs in c["msgs"].items()}})
                     bar.update(len(batch))
+                    if on_batch is not None:
+                        on_batch(results)
         bar.close()
         return results
 

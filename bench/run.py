@@ -19,6 +19,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -33,17 +34,19 @@ ALL_METHODS = ("ar", "pld", "jacobi", "lookahead", "lookahead+pld", "recycle", "
 
 
 def parse_args(argv=None):
-    from decoding.options import add_decoding_flags, add_model_flags, check
+    from decoding.options import add_decoding_flags, add_model_flags
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_flags(p)
     add_decoding_flags(p)
     p.add_argument("--methods", default="ar,pld,jacobi,lookahead,lookahead+pld,recycle,suffix,hybrid",
-                   help=f"comma list from {','.join(ALL_METHODS)} (ar is always run: it is the baseline)")
+                   help=f"comma list from {','.join(ALL_METHODS)} (ar is always run: it is the baseline; a name "
+                        f"given twice runs once)")
     p.add_argument("--tasks", default=None, help="comma list of suite tasks or Spec-Bench categories (default: all)")
     p.add_argument("--prompts", type=Path, default=None,
                    help="your own JSONL prompt file or a Spec-Bench question file instead of the suite")
-    p.add_argument("--split", default="test", choices=("dev", "test"), help="suite split (tune on dev)")
+    p.add_argument("--split", default=None, choices=("dev", "test"),
+                   help="suite split (tune on dev; default test); not with --prompts")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="per turn; default 128 (32 with interpreted Triton)")
     p.add_argument("--batch-size", type=int, default=1, help="prompts of one task decoded together (default 1)")
@@ -53,7 +56,9 @@ def parse_args(argv=None):
                    help="time each method on each batch this many times, in interleaved rounds (every method once "
                         "per round): median tokens/s and min-max (default 1)")
     p.add_argument("--out", type=Path, default=Path("bench/out"),
-                   help="folder for results.json/.md, chart.png, accept_hist.png and answers_<method>.jsonl")
+                   help="folder for results.json/.md, chart.png, accept_hist.png and answers_<method>.jsonl (made if "
+                        "missing; checked before anything runs); results.json is rewritten after every batch, so a run "
+                        "that stops early keeps what it measured")
     p.add_argument("--emulate-cost", type=Path, default=None, metavar="FILE",
                    help="play the step-cost curve in FILE (a benchmark's OUT/step_cost.json; "
                         "bench/data/step_cost_steep.json: this CPU in its steep state) on this machine: every forward "
@@ -64,33 +69,9 @@ def parse_args(argv=None):
                         "--draft-model) on the same prompts with the same sampling settings")
     args = p.parse_args(argv)
     try:
-        check(args)
+        _check(args)
     except ValueError as e:
         p.error(str(e))
-    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    bad = [m for m in args.methods if m not in ALL_METHODS]
-    if bad:
-        p.error(f"--methods: unknown {bad}; choose from {','.join(ALL_METHODS)}")
-    if "ar" not in args.methods:
-        args.methods.insert(0, "ar")
-    for m in ("draft", "draft+pld"):
-        if m in args.methods and not args.draft_model:
-            p.error(f"--methods {m} needs --draft-model (a smaller model with the same tokenizer)")
-    args.emulate_curve = None
-    if args.emulate_cost is not None:
-        if args.compare_hf:
-            p.error("--emulate-cost pads this project's forwards only, not transformers' generate: drop --compare-hf")
-        from models.cost import load_step_cost
-        try:
-            args.emulate_curve = load_step_cost(args.emulate_cost)
-        except ValueError as e:
-            p.error(f"--emulate-cost: {e}")
-    if args.prompts is not None and not args.prompts.is_file():
-        p.error(f"--prompts {args.prompts}: no such file")
-    for name in ("batch_size", "limit", "max_new_tokens", "repeats"):
-        v = getattr(args, name)
-        if v is not None and v < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {v}")
     args.interpreted = args.kernel == "triton" and not args.device.startswith("cuda")
     if args.max_new_tokens is None:
         args.max_new_tokens = 32 if args.interpreted else 128
@@ -99,13 +80,60 @@ def parse_args(argv=None):
     return args
 
 
+def _check(args) -> None:
+    """Every flag, before any model loads (ValueError naming the flag; decoding/inputs.py)."""
+    from decoding import inputs
+    from decoding.options import check
+
+    methods = list(dict.fromkeys(m.strip() for m in args.methods.split(",") if m.strip()))  # a repeat runs once
+    if not methods:
+        raise ValueError(f"--methods: give at least one of {','.join(ALL_METHODS)}, got {args.methods!r}")
+    bad = [m for m in methods if m not in ALL_METHODS]
+    if bad:
+        hf = [m for m in bad if m.startswith("hf")]
+        raise ValueError(f"--methods: unknown {bad}; choose from {','.join(ALL_METHODS)}"
+                         + (f" ({', '.join(hf)}: transformers' baselines come with --compare-hf)" if hf else ""))
+    args.methods = methods if "ar" in methods else ["ar"] + methods
+    check(args, args.methods, draft_elsewhere=args.compare_hf)
+    args.emulate_curve = None
+    if args.emulate_cost is not None:
+        if args.compare_hf:
+            raise ValueError("--emulate-cost pads this project's forwards only, not transformers' generate: "
+                             "drop --compare-hf")
+        from models.cost import load_step_cost
+        inputs.input_file(args.emulate_cost, "--emulate-cost")
+        try:
+            args.emulate_curve = load_step_cost(args.emulate_cost)
+        except ValueError as e:
+            raise ValueError(f"--emulate-cost: {e}") from None
+    if args.prompts is not None:
+        inputs.input_file(args.prompts, "--prompts")
+        if args.split is not None:
+            raise ValueError(f"--split {args.split} picks a part of the built-in suite; it does not apply to "
+                             f"--prompts (every record of the file runs)")
+    if args.tasks is not None and not [t for t in args.tasks.split(",") if t.strip()]:
+        raise ValueError(f"--tasks: give at least one task, got {args.tasks!r}")
+    if args.prompts is None:
+        from bench.data.suite import TASKS
+        unknown = [t.strip() for t in (args.tasks or "").split(",") if t.strip() and t.strip() not in TASKS]
+        if unknown:
+            raise ValueError(f"--tasks: unknown {unknown}; the suite's tasks are {','.join(TASKS)} (Spec-Bench "
+                             f"categories go with --prompts QUESTION_FILE)")
+    args.split = args.split or "test"
+    for name in ("batch_size", "limit", "max_new_tokens", "repeats"):
+        v = getattr(args, name)
+        if v is not None:
+            inputs.at_least(v, inputs.flag(name), 1)
+    inputs.output_dir(args.out, "--out")  # now, not after the whole run
+
+
 def load_records(args) -> list[dict]:
     """Conversations: ``messages`` before the first answer, then the later user turns in
     ``next_turns`` (each asked after the method's own previous answer)."""
     from bench.data.suite import load_prompt_file, load_suite
     from bench.specbench import is_question_file, load_questions
 
-    tasks = args.tasks.split(",") if args.tasks else None
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     if args.prompts is not None:
         if is_question_file(args.prompts):
             recs = [{"id": q["id"], "question_id": q["question_id"], "task": q["task"],
@@ -114,6 +142,10 @@ def load_records(args) -> list[dict]:
         else:
             recs = [{"id": r["id"], "question_id": r["id"], "task": r["task"], "messages": r["messages"],
                      "next_turns": []} for r in load_prompt_file(args.prompts)]  # raises naming the line
+        if tasks and not any(r["task"] in tasks for r in recs):
+            have = sorted({r["task"] for r in recs})
+            raise ValueError(f"--tasks {args.tasks}: {args.prompts} has no record of these tasks; its tasks are "
+                             f"{','.join(have)}")
         out, taken = [], {}
         for r in recs:
             if tasks and r["task"] not in tasks:
@@ -166,6 +198,11 @@ def header(args, device_name: str, memory_kind: str) -> dict:
     return head
 
 
+def _turns(results: list[dict]) -> int:
+    """Prompt turns that the records cover (every method of a batch is measured together)."""
+    return len({(r["conversation"], r["turn"]) for r in results})
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.interpreted:
@@ -177,6 +214,7 @@ def main(argv=None) -> int:
     from bench.measure import PeakMemory, env_cpu_name
     from bench.report import accept_chart, chart, markdown
     from bench.specbench import write_answers
+    from decoding import inputs
 
     records = load_records(args)  # a malformed prompt file fails here, before any model is loaded
     if not records:
@@ -188,6 +226,7 @@ def main(argv=None) -> int:
     for k, v in head.items():  # first, before loading, measuring or warming anything up
         print(f"{k}: {v}", flush=True)
 
+    args.out.mkdir(parents=True, exist_ok=True)  # checked at parse time; made before anything is measured
     bench = Bench(args, memory)
     head["model"] = bench.model_line
     head["model loads"] = bench.loads_line()  # wall time and memory peak of each load
@@ -211,7 +250,34 @@ def main(argv=None) -> int:
                                    "long_context": cost.long_context, "long_tokens": cost.long_tokens,
                                    "long_ms": cost.long_ms, "origin": cost.origin}
         print(f"step cost: {head['step cost']}", flush=True)
-    results = bench.run(records)
+    total = sum(1 + len(r["next_turns"]) for r in records)
+    kept: list[dict] = []
+
+    def save(results: list[dict], incomplete: Optional[str] = None) -> None:
+        """results.json as it stands: written after every batch, so that a failure (or Ctrl-C)
+        late in a long run keeps what was measured before it."""
+        h = dict(head, skipped=bench.skipped) if bench.skipped else dict(head)
+        if incomplete:
+            h["incomplete"] = incomplete
+        (args.out / "results.json").write_text(json.dumps({"header": h, "records": results}, indent=1))
+
+    def on_batch(results: list[dict]) -> None:
+        kept[:] = results
+        save(kept, f"{_turns(kept)} of {total} prompt turns measured when this was written (the run went on)")
+
+    try:
+        results = bench.run(records, on_batch=on_batch)
+    except BaseException as e:
+        from models.kv_cache import KVCacheFull
+
+        why = inputs.cache_full(e) if isinstance(e, KVCacheFull) else f"{type(e).__name__}: {e}"
+        if kept:  # (with nothing measured, a results.json of an earlier run stays as it is)
+            save(kept, f"the run stopped after {_turns(kept)} of {total} prompt turns: {why}")
+            print(f"the run stopped; the {len(kept)} records measured before it are in {args.out / 'results.json'} "
+                  f"(python bench/report.py {args.out / 'results.json'} renders them)", file=sys.stderr)
+        if isinstance(e, KVCacheFull):
+            raise ValueError(why) from None
+        raise
     shared = getattr(bench.model, "shared_runner", None)
     if shared is not None and shared.graphs is not None:  # what the graphs did (the decoding runs' runner)
         st, warm = shared.graphs.stats, bench.graph_warm_up or {}
@@ -223,7 +289,6 @@ def main(argv=None) -> int:
 
     if bench.emulation is not None:
         head["emulated step cost"] += "; " + bench.emulation.stats()
-    args.out.mkdir(parents=True, exist_ok=True)
     if bench.skipped:
         head["skipped"] = bench.skipped
     methods = bench.methods

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from decoding import inputs
 from decoding.methods import METHODS
 from decoding.options import (DTYPES, add_decoding_flags, add_model_flags, build_proposer, check, planner_for,
                               sampling_of)
@@ -25,7 +26,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help='a JSON file of chat messages [{"role": "user", "content": "..."}, ...] instead of a prompt')
     p.add_argument("--method", default="lookahead+pld", choices=METHODS, help="decoding method (default lookahead+pld)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="most tokens to generate (default 256)")
-    p.add_argument("--stop", action="append", default=[], help="stop when this text appears (repeatable)")
+    p.add_argument("--stop", action="append", default=[],
+                   help=r"stop when this text appears (repeatable); \n, \t and \\ in it stand for a newline, a tab "
+                        r"and a backslash, so --stop '\n\n' stops at a blank line")
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     add_model_flags(p)
     add_decoding_flags(p)
@@ -33,31 +36,37 @@ def parse_args(argv=None) -> argparse.Namespace:
     try:
         if (args.prompt is None) == (args.messages is None):
             raise ValueError("give a prompt or --messages FILE (one of them)")
+        if args.prompt is not None:
+            inputs.prompt(args.prompt, "the prompt")
         if args.messages is not None:
+            if args.no_chat_template:
+                raise ValueError("--no-chat-template feeds a prompt as raw text; --messages is a chat, which "
+                                 "always goes through the chat template: drop one of them")
             args.chat = _read_messages(args.messages)
-        if args.max_new_tokens < 1:
-            raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-        if args.method.startswith("draft") and not args.draft_model:
-            raise ValueError(f"--method {args.method} needs --draft-model (a smaller model with the same tokenizer)")
-        check(args)
+        inputs.at_least(args.max_new_tokens, "--max-new-tokens", 1)
+        args.stop = inputs.stop_strings([inputs.unescape(s) for s in args.stop], "--stop")
+        if args.method == "ar" and (args.step_cost is not None or args.fixed_plan):
+            raise ValueError("--step-cost and --fixed-plan size the planner's steps; --method ar sends one token "
+                             "per step and plans nothing")
+        check(args, [args.method])
     except ValueError as e:
         p.error(str(e))
     return args
 
 
 def _read_messages(path: Path) -> list[dict]:
-    if not path.is_file():
-        raise ValueError(f"--messages {path}: no such file")
+    inputs.input_file(path, "--messages")
     try:
-        msgs = json.loads(path.read_text())
+        msgs = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--messages {path}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"--messages {path}: not JSON ({e})") from None
-    ok = isinstance(msgs, list) and msgs and all(isinstance(m, dict) and isinstance(m.get("content"), str)
-                                                 and m.get("role") in ("system", "user", "assistant") for m in msgs)
-    if not ok:
-        raise ValueError(f"--messages {path}: expected a non-empty list of {{'role': system|user|assistant, "
-                         f"'content': text}}")
-    return msgs
+    try:
+        return inputs.messages(msgs)
+    except ValueError as e:
+        raise ValueError(f"--messages {path}: {e} (expected a JSON list of {{\"role\": system|user|assistant, "
+                         f"\"content\": text}})") from None
 
 
 def main(argv=None, out=sys.stdout, err=sys.stderr) -> int:
@@ -69,25 +78,38 @@ def main(argv=None, out=sys.stdout, err=sys.stderr) -> int:
     backend = get_backend(args.kernel, args.device)
     gen = TextGenerator.load(args.model, backend=backend, dtype=DTYPES[args.dtype], device=args.device)
     gen.chat_template = not args.no_chat_template
-    draft = load_model(args.draft_model, backend, DTYPES[args.dtype], args.device)[0] if args.draft_model else None
+    prompt = args.chat if args.messages is not None else args.prompt
+    n, ctx = len(gen.encode(prompt)), gen.model.cfg.max_position_embeddings
+    if n + args.max_new_tokens > ctx:  # before the draft model loads and the step cost is measured
+        raise ValueError(f"--max-new-tokens {args.max_new_tokens}: the prompt has {n} tokens and the model's context "
+                         f"is {ctx}, so at most {max(ctx - n, 0)} new tokens fit")
+    draft = None
+    if args.draft_model:
+        loaded = load_model(args.draft_model, backend, DTYPES[args.dtype], args.device)
+        inputs.same_tokenizer(gen.tokenizer, loaded.tokenizer, f"--model {args.model}",
+                              f"--draft-model {args.draft_model}")
+        draft = loaded.model
     if args.cuda_graphs:
         from models.graphs import use_cuda_graphs
         for m in (gen.model, draft):
             if m is not None:
                 use_cuda_graphs(m)
-    prompt = args.chat if args.messages is not None else args.prompt
     proposer = build_proposer(args.method, args, draft)
 
     def stream(_, piece):
         out.write(piece)
         out.flush()
 
+    from models.kv_cache import KVCacheFull
     from models.loader import DEFAULT_CACHE_DIR
     planner = planner_for(gen.model, proposer.name, args.no_plan, gen.cache_dir or DEFAULT_CACHE_DIR,
                           args.step_cost_curve, args.fixed_plan)
     t0 = time.perf_counter()
-    r = gen.generate(prompt, proposer, max_new_tokens=args.max_new_tokens, sampling=sampling_of(args),
-                     stop=args.stop, stream=stream, plan=planner is not None, planner=planner)[0]
+    try:
+        r = gen.generate(prompt, proposer, max_new_tokens=args.max_new_tokens, sampling=sampling_of(args),
+                         stop=args.stop, stream=stream, plan=planner is not None, planner=planner)[0]
+    except KVCacheFull as e:  # in the user's terms: the flags that size a step
+        raise ValueError(inputs.cache_full(e)) from None
     secs = time.perf_counter() - t0
     out.write("\n")
     st, n = r.stats, len(r.token_ids)

@@ -127,10 +127,16 @@ class DraftModel(Proposer[DraftState]):
     def init_state(self, base: SeqState) -> DraftState:
         return DraftState(**base.seq_fields())
 
-    def begin(self, states: list[DraftState], ctx: Context) -> None:
-        if self.draft.cfg.vocab_size != ctx.vocab_size:
+    def check(self, model) -> None:
+        # the embedding rows: drafts are token ids of the draft's vocabulary and, under sampling,
+        # its distributions are compared with the target's row for row. That the tokenizers
+        # agree is checked where both are known (TextGenerator, the command lines:
+        # decoding/inputs.py, same_tokenizer); a model alone has none
+        if self.draft.cfg.vocab_size != model.cfg.vocab_size:
             raise ValueError(f"draft model vocabulary ({self.draft.cfg.vocab_size} tokens) differs from the "
-                             f"target's ({ctx.vocab_size}): the two models must share a tokenizer")
+                             f"target's ({model.cfg.vocab_size}): the two models must share a tokenizer")
+
+    def begin(self, states: list[DraftState], ctx: Context) -> None:
         self.sampling = ctx.sampling
         self.runner = ModelRunner.for_batch(self.draft, [s.prompt for s in states], ctx.max_new_tokens,
                                             max(self.cfg.num_draft, self.cfg.max_draft) + 1)

@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 import torch
 
+from decoding import inputs
 from decoding.planner import Planner
 from decoding.proposer import Budget, Context, Outcome, Proposer, Sequence, SeqState
 from decoding.sampling import SamplingParams, probs_from_logits, sample
@@ -32,16 +33,25 @@ class GenerationResult:
 
 
 def check_prompts(prompts: list[list[int]], max_new_tokens: int, context: int, vocab: int) -> None:
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if not prompts:
+    inputs.at_least(max_new_tokens, "max_new_tokens", 0)
+    if isinstance(prompts, str) or not hasattr(prompts, "__len__"):
+        raise ValueError(f"prompts must be a list of prompts, each a list of token ids, got {type(prompts).__name__}"
+                         + ("; text goes to TextGenerator.generate" if isinstance(prompts, str) else ""))
+    if not len(prompts):
         raise ValueError("prompts is empty: give at least one prompt")
     for i, p in enumerate(prompts):
+        if isinstance(p, str) or not hasattr(p, "__len__"):
+            raise ValueError(f"prompt {i} must be a list of token ids, got {type(p).__name__}"
+                             + ("; text goes to TextGenerator.generate" if isinstance(p, str) else
+                                " (one prompt is [ids]: a list of one list)" if hasattr(p, "__index__") else ""))
         if len(p) == 0:
             raise ValueError(f"prompt {i} is empty: a prompt needs at least one token")
         if len(p) + max_new_tokens > context:
             raise ValueError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs "
                              f"{len(p) + max_new_tokens} positions, the model context is {context}")
+        odd = [t for t in p if isinstance(t, (bool, float, str)) or not hasattr(t, "__index__")]
+        if odd:
+            raise ValueError(f"prompt {i}: token ids must be integers, got {odd[0]!r}")
         bad = [t for t in p if not 0 <= int(t) < vocab]
         if bad:
             raise ValueError(f"prompt {i}: token ids must be in [0, {vocab}), got {bad[:3]}")
@@ -75,11 +85,16 @@ def generate(
     (finish reason "stop", e.g. a stop string was reached).
     """
     proposer = proposer or Proposer()
+    if not isinstance(proposer, Proposer):
+        inputs.fail("proposer", proposer, "a Proposer (make_proposer(NAME)) or None")
+    if sampling is not None and not isinstance(sampling, SamplingParams):
+        inputs.fail("sampling", sampling, "a SamplingParams (e.g. SamplingParams(temperature=0.7, seed=0)) or None")
     sampling = sampling or SamplingParams()
     eos = set(model.cfg.eos_token_ids if eos_token_ids is None else eos_token_ids)
     check_prompts(prompts, max_new_tokens, model.cfg.max_position_embeddings, model.cfg.vocab_size)
     if prefill_chunk < 1:
         raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+    proposer.check(model)  # before the prefill: nothing generated (or streamed) yet
     runner = runner or ModelRunner.for_batch(model, prompts, max_new_tokens)
     seqs = [Sequence(SeqState(i, [int(t) for t in p], len(p), _generator(sampling, i, runner.device)), max_new_tokens)
             for i, p in enumerate(prompts)]

@@ -13,6 +13,7 @@ adds its bit to it.
 from dataclasses import dataclass, field
 from typing import Optional
 
+from decoding import inputs
 from decoding.lookahead import LookaheadConfig, LookaheadPLD, LookaheadState
 from decoding.proposer import Budget, Context, Outcome, SeqState
 from decoding.recycle import RecycleConfig, Table, learn_from, seed_table
@@ -39,6 +40,10 @@ class HybridConfig:
     def __post_init__(self):
         if self.max_nodes < 1:
             raise ValueError(f"max_nodes must be >= 1, got {self.max_nodes}")
+        la = self.lookahead
+        inputs.lookahead_window(la.window, la.ngram, self.max_nodes,
+                                f"HybridConfig(lookahead=LookaheadConfig(window={la.window}, ngram={la.ngram}))",
+                                "max_nodes")
         w = self.planned_recycle_widths
         if not w or min(w) < 1 or max(w) > self.recycle.top_k:
             raise ValueError(f"planned_recycle_widths must be a non-empty list of values in [1, recycle.top_k="

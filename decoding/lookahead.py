@@ -20,6 +20,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from decoding import inputs
 from decoding.ngram_pool import NgramPool
 from decoding.prompt_lookup import DeviceHistories, PromptLookupConfig, lookup_states
 from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
@@ -51,6 +52,8 @@ class LookaheadConfig:
             raise ValueError(f"max_verify must be >= 1, got {self.max_verify}")
         if self.window_shift not in ("one", "accepted"):
             raise ValueError(f"window_shift must be 'one' or 'accepted', got {self.window_shift!r}")
+        inputs.lookahead_window(self.window, self.ngram, self.max_verify,
+                                f"LookaheadConfig(window={self.window}, ngram={self.ngram})", "max_verify")
 
 
 # ---- the window, as pure functions over token lists ----------------------------------------

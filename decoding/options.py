@@ -3,11 +3,13 @@ checks (each bad value is a clear error naming the flag and its limit, raised be
 model loads) and the method configurations they build."""
 
 import argparse
+import re
 from pathlib import Path
 from typing import Optional
 
 import torch
 
+from decoding import inputs
 from decoding.methods import METHODS, make_proposer
 from decoding.sampling import SamplingParams
 
@@ -65,33 +67,57 @@ def ints(text: str, flag: str, n: int, minimum: list[int]) -> tuple[int, ...]:
     return vals
 
 
-def check(args: argparse.Namespace) -> None:
-    """Validate the flags of ``add_model_flags`` / ``add_decoding_flags`` (ValueError naming
-    the flag), and fill the defaults that depend on the device."""
+DRAFT_METHODS = ("draft", "draft+pld")
+WINDOW_METHODS = ("lookahead", "lookahead+pld", "hybrid")
+
+
+def check(args: argparse.Namespace, methods: list[str], draft_elsewhere: bool = False) -> None:
+    """Validate the flags of ``add_model_flags`` / ``add_decoding_flags`` for a run of
+    ``methods`` (ValueError naming the flag, before any model loads; the checks and messages
+    are decoding/inputs.py's, shared with the Python API), and fill the defaults that depend
+    on the device. ``draft_elsewhere``: --draft-model has a use besides the draft methods
+    (the benchmark's hf-assisted)."""
     dev = str(args.device)
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", dev):
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {dev!r}")
     if dev.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {dev}: no CUDA device is available here (use --device cpu)")
-    if not (dev == "cpu" or dev.startswith("cuda")):
-        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {dev!r}")
+    if dev.startswith("cuda:") and int(dev[5:]) >= torch.cuda.device_count():
+        raise ValueError(f"--device {dev}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                         f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
     gpu = dev.startswith("cuda")
     args.kernel = args.kernel or ("triton" if gpu else "torch")
     args.dtype = args.dtype or ("bfloat16" if gpu else "float32")
     if getattr(args, "cuda_graphs", False) and not (gpu and args.kernel == "triton"):
         raise ValueError(f"--cuda-graphs needs --device cuda and --kernel triton, got --device {dev} "
                          f"--kernel {args.kernel}")
-    try:
-        SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    except ValueError as e:
-        raise ValueError(f"--{str(e).split(' ')[0].replace('_', '-')}: {e}") from None
+    inputs.sampling(args.temperature, args.top_k, args.top_p, args.seed, names=inputs.flag)
     args.lookahead_wng = ints(args.lookahead, "--lookahead", 3, [2, 2, 0])
     args.pld_nk = ints(args.pld, "--pld", 2, [1, 1])
-    if args.pld_candidates < 1:
-        raise ValueError(f"--pld-candidates must be >= 1, got {args.pld_candidates}")
+    W, N, _ = args.lookahead_wng
+    for m in [m for m in WINDOW_METHODS if m in methods][-1:]:  # hybrid's limit is the tighter one
+        from decoding.hybrid import HybridConfig
+        from decoding.lookahead import LookaheadConfig
+        cap, what = ((HybridConfig().max_nodes, "hybrid's candidate nodes") if m == "hybrid" else
+                     (LookaheadConfig().max_verify, f"{m}'s max_verify"))
+        inputs.lookahead_window(W, N, cap, f"--lookahead {args.lookahead}", what)
+    inputs.at_least(args.pld_candidates, "--pld-candidates", 1)
     if args.no_plan and (args.step_cost is not None or args.fixed_plan):
         raise ValueError("--step-cost and --fixed-plan size the planner's steps; they cannot go with --no-plan")
+    drafting = [m for m in methods if m in DRAFT_METHODS]
+    if drafting and not args.draft_model:
+        raise ValueError(f"--method{'s' if len(methods) > 1 else ''} {drafting[0]} needs --draft-model "
+                         f"(a smaller model with the same tokenizer)")
+    if args.draft_model and not drafting and not draft_elsewhere:
+        raise ValueError(f"--draft-model {args.draft_model}: only the methods {' and '.join(DRAFT_METHODS)} use a "
+                         f"draft model, and {','.join(methods)} does not: drop --draft-model or pick one of them")
+    inputs.model_path(args.model, "--model")  # a missing model is named now, not after a load
+    if args.draft_model:
+        inputs.model_path(args.draft_model, "--draft-model")
     args.step_cost_curve = None
     if args.step_cost is not None:
         from models.cost import load_step_cost
+        inputs.input_file(args.step_cost, "--step-cost")
         try:
             args.step_cost_curve = load_step_cost(args.step_cost)
         except ValueError as e:

@@ -155,6 +155,10 @@ class Proposer(Generic[S]):
         """A fresh state for a sequence right after prefill (``base.tokens`` = prompt + first token)."""
         return self.State(**base.seq_fields())
 
+    def check(self, model) -> None:
+        """Raise ValueError when this proposer cannot draft for ``model`` (a draft model with
+        another vocabulary); ``generate`` calls it before anything is computed."""
+
     def begin(self, states: list[S], ctx: Context) -> None:
         """Once per generate call, after ``init_state`` for every sequence (batch resources)."""
 

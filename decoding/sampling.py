@@ -9,6 +9,8 @@ from typing import Optional
 
 import torch
 
+from decoding import inputs
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -18,12 +20,9 @@ class SamplingParams:
     seed: Optional[int] = None
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        # finite numbers in range (nan / inf would sample garbage or fail inside torch); the
+        # command line checks its flags with the same function and messages
+        inputs.sampling(self.temperature, self.top_k, self.top_p, self.seed)
 
     @property
     def greedy(self) -> bool:

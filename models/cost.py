@@ -29,10 +29,11 @@ same from run to run.
 import bisect
 import hashlib
 import json
+import math
 import statistics
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -271,16 +272,65 @@ def drifted(cost: StepCost, seen: dict[int, float], tol: float = CHECK_TOLERANCE
 
 
 def _parse(data: dict) -> StepCost:
-    """A StepCost from its ``asdict`` form; ValueError (or KeyError / TypeError) when it is
-    not a usable curve."""
-    cost = StepCost(**data)
-    ok = (len(cost.tokens) == len(cost.ms) >= 2 and cost.tokens == sorted(cost.tokens)
-          and all(b >= a > 0 for a, b in zip(cost.ms, cost.ms[1:])) and cost.per_seq_ms >= 0
-          and len(cost.long_tokens) == len(cost.long_ms) and all(m > 0 for m in cost.long_ms)
-          and (cost.long_context == 0 or (cost.long_context > cost.context and len(cost.long_ms) >= 2)))
-    if not ok:
-        raise ValueError("the curve is not a non-decreasing positive list")
-    return cost
+    """A StepCost from its ``asdict`` form; ValueError saying what is wrong when it is not a
+    usable curve (a repeated or decreasing step size, a cost that is not a positive finite
+    number, a curve that falls, ...)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"the curve must be an object of StepCost fields, got {type(data).__name__}")
+    names = [f.name for f in fields(StepCost)]
+    missing = [k for k in ("tokens", "ms", "per_seq_ms", "context") if k not in data]
+    unknown = [k for k in data if k not in names]
+    if missing or unknown:
+        what = ([f"lacks {', '.join(missing)}"] if missing else []) + ([f"has unknown fields {', '.join(unknown)}"]
+                                                                       if unknown else [])
+        raise ValueError(f"the curve {'; '.join(what)} (its fields: {', '.join(names)})")
+    _sizes(data["tokens"], "tokens")
+    _costs(data["ms"], "ms", len(data["tokens"]))
+    if not all(b >= a for a, b in zip(data["ms"], data["ms"][1:])):
+        raise ValueError(f"ms must not fall as the step grows (a larger step costs at least as much), got {data['ms']}")
+    if not _finite(data["per_seq_ms"]) or data["per_seq_ms"] < 0:
+        raise ValueError(f"per_seq_ms must be a finite number >= 0, got {data['per_seq_ms']!r}")
+    if not _whole(data["context"]) or data["context"] < 1:
+        raise ValueError(f"context must be an integer >= 1, got {data['context']!r}")
+    long_context = data.get("long_context", 0)
+    if not _whole(long_context) or long_context < 0:
+        raise ValueError(f"long_context must be an integer >= 0 (0: not measured), got {long_context!r}")
+    long_tokens, long_ms = data.get("long_tokens", []), data.get("long_ms", [])
+    if long_context:
+        if long_context <= data["context"]:
+            raise ValueError(f"long_context ({long_context}) must be above context ({data['context']})")
+        _sizes(long_tokens, "long_tokens")
+        _costs(long_ms, "long_ms", len(long_tokens))
+    elif long_tokens or long_ms:
+        raise ValueError("long_tokens and long_ms go with a long_context above 0")
+    return StepCost(**data)
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _whole(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _sizes(ts, name: str) -> None:
+    """Step sizes: at least two integers >= 1, each larger than the one before."""
+    if not isinstance(ts, list) or len(ts) < 2 or not all(_whole(t) and t >= 1 for t in ts):
+        raise ValueError(f"{name} must be a list of at least two step sizes (integers >= 1), got {ts!r}")
+    for a, b in zip(ts, ts[1:]):
+        if b <= a:
+            raise ValueError(f"{name} must increase, got {ts}: " + (f"step size {a} is repeated" if a == b
+                                                                     else f"{b} follows {a}"))
+
+
+def _costs(ms, name: str, n: int) -> None:
+    """One finite cost > 0 (ms) per step size."""
+    if not isinstance(ms, list) or len(ms) != n:
+        raise ValueError(f"{name} must be a list of {n} costs (one per step size), got {ms!r}")
+    bad = [m for m in ms if not _finite(m) or m <= 0]
+    if bad:
+        raise ValueError(f"{name} must be finite costs > 0 (ms), got {bad[0]!r} in {ms}")
 
 
 def _read(path: Path, key: dict) -> Optional[StepCost]:
@@ -308,15 +358,24 @@ def save_step_cost(cost: StepCost, path: Path | str) -> None:
 def load_step_cost(path: Path | str) -> StepCost:
     """The curve in ``path``: a file ``save_step_cost`` wrote (a benchmark's
     ``OUT/step_cost.json``) or a cache file of ``step_cost``. It is used as it is: no check
-    against this machine (pinning a curve is the point). ValueError naming the file otherwise."""
+    against this machine (pinning a curve is the point). ValueError naming the file and what
+    is wrong with it otherwise."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"step-cost file {path} is a folder, not a file")
     if not path.is_file():
         raise ValueError(f"step-cost file {path} does not exist")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"step-cost file {path} is not JSON ({e})") from None
+    if not isinstance(data, dict) or "cost" not in data:
+        raise ValueError(f"step-cost file {path} has no 'cost' entry: expected a file save_step_cost wrote (a "
+                         f"benchmark's OUT/step_cost.json) or a file of the step-cost cache")
+    try:
         cost = _parse(data["cost"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"step-cost file {path} is not a step-cost curve ({type(e).__name__}: {e})") from None
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"step-cost file {path} is not a usable step-cost curve: {e}") from None
     cost.origin = f"file {path}"
     return cost
 

@@ -12,7 +12,13 @@ from models.config import ModelConfig
 
 
 class KVCacheFull(ValueError):
-    """Not enough free blocks in the pool for the request."""
+    """Not enough free blocks in the pool for the request (what was asked and what was left:
+    the front doors say it in their own terms, decoding/inputs.py: cache_full)."""
+
+    def __init__(self, needed: int, free: int, num_blocks: int, block_size: int):
+        self.needed, self.free, self.num_blocks, self.block_size = needed, free, num_blocks, block_size
+        super().__init__(f"KV cache pool exhausted: the step needs {needed} more blocks of {block_size} tokens, "
+                         f"{free} of {num_blocks} are free (raise num_blocks / cache_tokens)")
 
 
 class PagedKVCache:
@@ -59,9 +65,7 @@ class PagedKVCache:
                 extra[s] = want - len(self.blocks[s])
         total = sum(extra.values())
         if total > len(self.free_blocks):
-            raise KVCacheFull(
-                f"KV cache pool exhausted: the step needs {total} more blocks of {self.block_size} tokens, "
-                f"{len(self.free_blocks)} of {self.num_blocks} are free (raise num_blocks / cache_tokens)")
+            raise KVCacheFull(total, len(self.free_blocks), self.num_blocks, self.block_size)
         for s, n in extra.items():
             self.blocks[s].extend(self.free_blocks.pop() for _ in range(n))
 

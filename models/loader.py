@@ -184,6 +184,20 @@ def _load_gguf(path: Path, cache_dir: Path):
     return cfg, sd, rope_factors, tok
 
 
+def load_tokenizer(model: Optional[str] = None, cache_dir: Path | str = DEFAULT_CACHE_DIR):
+    """The tokenizer of ``model`` (as ``load_model`` names it) without its weights: from the
+    GGUF cache when the file was loaded before, else from the file or folder itself."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(model)
+    if path.suffix != ".gguf":
+        return AutoTokenizer.from_pretrained(str(path))
+    entry = Path(cache_dir) / f"{path.stem}-{_cache_key(path)}"
+    if (entry / "done").is_file():
+        return AutoTokenizer.from_pretrained(str(entry / "tokenizer"))
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
 # ---- Hugging Face folders ------------------------------------------------------------------
 def _load_hf_folder(path: Path):
     from safetensors.torch import load_file

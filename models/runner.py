@@ -16,6 +16,10 @@ from kernels.mask import pack_mask, tree_mask_words
 from models.kv_cache import PagedKVCache
 from models.llama import Transformer
 
+# step tokens per sequence that a for_batch runner always has room for past the prompt and the
+# answer: a step of a decoding method must not send more (decoding/inputs.py: lookahead_window)
+STEP_TOKENS = 256
+
 
 @dataclass
 class StepInput:
@@ -50,7 +54,7 @@ class ModelRunner:
 
     @classmethod
     def for_batch(cls, model: Transformer, prompts: list[list[int]], max_new_tokens: int,
-                  max_step_tokens: int = 256, block_size: int = 16) -> "ModelRunner":
+                  max_step_tokens: int = STEP_TOKENS, block_size: int = 16) -> "ModelRunner":
         """A runner whose cache fits the batch in the worst case, so generation cannot run out.
         With CUDA graphs on (``models.graphs.use_cuda_graphs``) the model keeps one such runner
         and hands it out again while it holds no sequence and is large enough (its graphs

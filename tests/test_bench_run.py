@@ -66,6 +66,40 @@ def test_malformed_prompt_file_rejected_with_line(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_run_that_fails_keeps_the_batches_it_finished(tmp_path, monkeypatch, capsys):
+    """results.json is written after every batch: a failure in the second batch leaves the
+    first batch's records (every method's) readable, the header saying where and why it stopped."""
+    from bench.loop import Bench
+    from bench.report import main as report
+    from bench.run import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"task": "qa", "prompt": "Name a colour."}) + "\n"
+                       + json.dumps({"task": "qa", "prompt": "Name a fruit."}) + "\n")
+    out = tmp_path / "out"
+    real, during = Bench._rounds, []
+
+    def rounds(self, *a, **k):
+        if (out / "results.json").exists():  # the second batch: the first one is on disk already
+            during.append(json.loads((out / "results.json").read_text()))
+            raise RuntimeError("the machine fell over")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Bench, "_rounds", rounds)
+    with pytest.raises(RuntimeError, match="the machine fell over"):
+        main(["--prompts", str(prompts), "--methods", "pld", "--max-new-tokens", "4", "--no-plan", "--out", str(out)])
+    assert during[0]["header"]["incomplete"] == ("1 of 2 prompt turns measured when this was written (the run "
+                                                 "went on)")
+    data = json.loads((out / "results.json").read_text())
+    assert sorted((r["conversation"], r["method"]) for r in data["records"]) == [("p-1", "ar"), ("p-1", "pld")]
+    assert data["header"]["incomplete"] == ("the run stopped after 1 of 2 prompt turns: RuntimeError: the machine "
+                                            "fell over")
+    assert all(r["new_tokens"] == 4 and r["identical_to_ar"] for r in data["records"])
+    assert f"the 2 records measured before it are in {out / 'results.json'}" in capsys.readouterr().err
+    report([str(out / "results.json")])  # and the report renders what was kept
+    assert "| pld |" in (out / "results.md").read_text()
+
+
 def test_report_tau_ratio_to_hf_pld_is_a_mean_over_tasks():
     from bench.report import markdown, summarize
 
@@ -198,7 +232,7 @@ def test_specbench_answers_files(specbench_run):
 
 def test_repeats_give_median_and_spread(specbench_run):
     out, data = specbench_run
-    assert data["header"]["repeats"].startswith("2 ")
+    assert data["header"]["repeats"].startswith("2 ") and "incomplete" not in data["header"]  # it finished
     for r in data["records"]:
         assert r["repeats"] == 2 and len(r["time_s_runs"]) == 2 and len(r["tok_s_runs"]) == 2
         assert r["tok_s"] == pytest.approx(statistics.median(r["tok_s_runs"]))

@@ -29,7 +29,7 @@ def test_prompt_longer_than_context(tiny):
 
 
 def test_negative_max_new_tokens(tiny):
-    with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 0, got -1"):
         generate(tiny, [[1, 2]], max_new_tokens=-1)
     assert generate(tiny, [[1, 2]], max_new_tokens=0)[0].output_ids == []
 

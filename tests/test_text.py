@@ -62,9 +62,9 @@ def test_streamed_pieces_add_up_to_the_text_in_a_batch(gen):
 def test_text_errors(gen):
     with pytest.raises(ValueError, match="prompts is empty"):
         gen.generate([], "ar")
-    with pytest.raises(ValueError, match="stop must be a list of non-empty strings"):
+    with pytest.raises(ValueError, match="stop must be a non-empty string or a list of non-empty strings"):
         gen.generate(QUESTION, "ar", stop=[""])
-    with pytest.raises(ValueError, match="chat messages"):
+    with pytest.raises(ValueError, match=r"prompt 0: messages\[0\] is missing field 'content'"):
         gen.generate([[{"role": "user"}]], "ar")
 
 
@@ -76,14 +76,13 @@ def test_text_errors(gen):
     (["hi", "--pld", "x"], "--pld takes 2 comma-separated integers"),
     (["hi", "--temperature", "-1"], "--temperature"),
     (["hi", "--top-p", "0"], "--top-p"),
-    (["hi", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
-    (["hi", "--pld-candidates", "0"], "--pld-candidates must be >= 1"),
+    (["hi", "--max-new-tokens", "0"], "--max-new-tokens must be an integer >= 1, got 0"),
+    (["hi", "--pld-candidates", "0"], "--pld-candidates must be an integer >= 1, got 0"),
     (["hi", "--method", "draft"], "--method draft needs --draft-model"),
     ([], "give a prompt or --messages FILE"),
     (["hi", "--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
     (["hi", "--no-plan", "--fixed-plan"], "--step-cost and --fixed-plan size the planner's steps"),
-    (["hi", "--step-cost", "/nonexistent/step_cost.json"], "--step-cost: step-cost file /nonexistent/step_cost.json "
-                                                           "does not exist"),
+    (["hi", "--step-cost", "/nonexistent/step_cost.json"], "--step-cost /nonexistent/step_cost.json: no such file"),
 ])
 def test_cli_rejects_bad_flags_before_loading(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -105,7 +104,8 @@ def test_cli_messages_file_errors(tmp_path, capsys):
     bad.write_text("[{")
     wrong = tmp_path / "wrong.json"
     wrong.write_text(json.dumps([{"role": "robot", "content": "x"}]))
-    for path, message in [(missing, "no such file"), (bad, "not JSON"), (wrong, "expected a non-empty list")]:
+    for path, message in [(missing, "no such file"), (bad, "not JSON"),
+                          (wrong, "messages[0] has unknown role 'robot'")]:
         with pytest.raises(SystemExit):
             parse_args(["--messages", str(path)])
         assert f"--messages {path}: {message}" in capsys.readouterr().err
@@ -146,3 +146,14 @@ def test_cli_plans_with_a_pinned_step_cost(smol, ar_answer, tmp_path):
     assert cheap == again
     assert dear[0] == 1.0 and re.fullmatch(r"tokens gained per step -> steps: 1: \d+", dear[1])
     assert cheap[0] > 1.0, cheap
+
+
+def test_cli_stop_as_the_readme_writes_it(smol):
+    r"""The README's `--stop "\n\n"` (a shell passes a backslash and an n): the CLI reads it as
+    a blank line, and the answer stops there."""
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["def fib(n):", "--no-chat-template", "--method", "pld", "--max-new-tokens", "64", "--stop", r"\n\n",
+                 "--no-plan"], out=out, err=err) == 0
+    assert "finish: stop" in err.getvalue(), err.getvalue()
+    text = out.getvalue()[:-1]  # the CLI ends the answer with one newline
+    assert "\n" in text and "\n\n" not in text and not text.endswith("\n")

@@ -17,10 +17,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NoReturn
 
+from decoding import inputs
+
 SUITE_PATH = Path(__file__).resolve().parent / "suite.jsonl"
 TASKS = ("chat", "code", "summarization", "qa", "code_edit")
 SPLITS = ("dev", "test")
-ROLES = ("system", "user", "assistant")
+ROLES = inputs.ROLES
 
 
 def load_suite(
@@ -83,11 +85,10 @@ def _fail(path: Path, lineno: int | None, what: str) -> NoReturn:
 
 
 def _check_nonempty_str(path: Path, lineno: int, value, what: str) -> str:
-    if not isinstance(value, str):
-        _fail(path, lineno, f"{what} must be a string, not {type(value).__name__}")
-    if not value.strip():
-        _fail(path, lineno, f"empty {what}")
-    return value
+    try:
+        return inputs.nonempty_text(value, what)
+    except inputs.InputError as e:
+        _fail(path, lineno, str(e))
 
 
 def load_prompt_file(path: str | Path) -> list[dict]:
@@ -137,28 +138,10 @@ def load_prompt_file(path: str | Path) -> list[dict]:
             prompt = _check_nonempty_str(path, lineno, obj["prompt"], "'prompt'")
             rec["messages"] = [{"role": "user", "content": prompt}]
         else:
-            messages = obj["messages"]
-            if not isinstance(messages, list):
-                _fail(path, lineno, f"'messages' must be a list, not {type(messages).__name__}")
-            if not messages:
-                _fail(path, lineno, "empty 'messages' list")
-            clean = []
-            for i, m in enumerate(messages):
-                if not isinstance(m, dict):
-                    _fail(path, lineno, f"messages[{i}] must be an object, not {type(m).__name__}")
-                for key in ("role", "content"):
-                    if key not in m:
-                        _fail(path, lineno, f"messages[{i}] is missing field '{key}'")
-                role = m["role"]
-                if not isinstance(role, str):
-                    _fail(path, lineno, f"messages[{i}].role must be a string, not {type(role).__name__}")
-                if role not in ROLES:
-                    _fail(path, lineno, f"messages[{i}] has unknown role {role!r} (expected one of {list(ROLES)})")
-                _check_nonempty_str(path, lineno, m["content"], f"messages[{i}].content")
-                clean.append({"role": role, "content": m["content"]})
-            if not any(m["role"] == "user" for m in clean):
-                _fail(path, lineno, "'messages' has no 'user' message")
-            rec["messages"] = clean
+            try:  # the checks (and messages) of every front door's chat messages
+                rec["messages"] = inputs.messages(obj["messages"])
+            except inputs.InputError as e:
+                _fail(path, lineno, str(e))
 
         if "id" in obj:
             rid = obj["id"]
