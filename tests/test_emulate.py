@@ -148,7 +148,7 @@ def test_bench_refuses_emulation_beside_transformers_and_a_bad_file(tmp_path, ca
     assert "--emulate-cost pads this project's forwards only" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_args(["--emulate-cost", str(tmp_path / "missing.json")])
-    assert "--emulate-cost: step-cost file" in capsys.readouterr().err
+    assert f"--emulate-cost {tmp_path / 'missing.json'}: no such file" in capsys.readouterr().err
     args = parse_args(["--emulate-cost", str(good)])
     assert args.emulate_curve == load_step_cost(good)
 
