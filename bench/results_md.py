@@ -32,6 +32,11 @@ RUNS = [
     ("bench/results/2026-11-26-h200/fp32/results.json",
      "The same command in fp32: every method's greedy output is identical to `ar`'s. The whole-turn speedups "
      "carry the same prefill-compile distortion as the bf16 run."),
+    ("bench/results/2026-11-26-cpu/results.json",
+     "The project's 2-core CPU (AMD EPYC, Zen 4), fp32, the AVX-512 build of the C kernels, two prompts per "
+     "task, one round (no --repeats: each speedup is one run's ratio, so read differences under about 10% "
+     "as noise). The product-form table was re-tuned on the quiet machine just before (a table tuned under "
+     "load had halved `ar`'s speed in an earlier run that day)."),
 ]
 HEADER_KEYS = ("date", "command", "device", "dtype", "kernel", "versions", "max_new_tokens", "batch_size",
                "sampling", "repeats", "step planner", "cuda graphs", "step cost")
