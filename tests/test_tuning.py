@@ -411,3 +411,37 @@ def test_whole_stack_decided_by_timing_forwards(tiny, tmp_path, monkeypatch, sta
 def _shape_of(w, b):
     from models.tune import _shape_key
     return _shape_key(w, b)
+
+
+@pytest.mark.skipif(not skinny.available(), reason=f"skinny kernel: {skinny.unavailable_reason()}")
+def test_a_cached_table_off_the_stack_is_checked_again(tiny, tmp_path, monkeypatch):
+    """A cached table whose decoding buckets keep a layer product off the one-call stack (tuned
+    in a noisy moment) is timed against all-skinny again when it is read; where all-skinny wins
+    now, the table and its cache file are corrected. An all-skinny table is not timed again."""
+    from models.tune import STACK_ROWS
+
+    make, _ = _timed_forms(monkeypatch)
+    by_product = make(lambda form, r: 1.0 if form == "wxt" else 2.0)
+
+    def stack(all_skinny_faster: bool, seen: list):
+        def timer(fn, reps):
+            fn()
+            all_skinny = "skinny" in tiny.layers[0].wqkv.plan.table
+            seen.append(all_skinny)
+            return (1.0 if all_skinny else 2.0) if all_skinny_faster else (2.0 if all_skinny else 1.0)
+        return timer
+
+    first = tune_model(tiny, tmp_path, "off", timer=by_product, stack_timer=stack(False, []))
+    assert all(t == ["wxt"] * len(BUCKETS) for t in first.values())  # noise, say, kept the stack off
+    seen = []
+    again = tune_model(tiny, tmp_path, "off", timer=by_product, stack_timer=stack(True, seen))
+    head = _shape_of(tiny.head_weight, None)
+    small = [m <= STACK_ROWS for m in BUCKETS]
+    for shape, table in again.items():
+        assert table == ["skinny" if s and shape != head else "wxt" for s in small], shape
+    assert seen and tiny.layers[0].wqkv.plan.table == again[_shape_of(tiny.layers[0].wqkv.weight, None)]
+    cached = json.loads(next((tmp_path / "tune").glob("*.json")).read_text())["tables"]
+    assert cached == again  # the cache was corrected
+    seen.clear()
+    assert tune_model(tiny, tmp_path, "off", timer=by_product, stack_timer=stack(False, seen)) == again
+    assert seen == []  # every decoding bucket all-skinny: nothing timed
