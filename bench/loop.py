@@ -138,6 +138,22 @@ class Bench:
         return {name: [(merge([got[i][0] for got in rs]), rs[0][i][1]) for i in range(len(rs[0]))]
                 for name, rs in rounds.items()}
 
+    def _warm_up(self, records: list[dict]) -> None:
+        """Everything a timed run must not pay for, before the first one: the CUDA graphs (with
+        --cuda-graphs), every method once on the shortest prompt (first calls pay for allocation,
+        and on a GPU for compilation) and, on a GPU, the longest prompt's prefill (Triton
+        compiles a long eager prefill's kernels on first use, which would land in the first
+        timed method's TTFT)."""
+        if not records:
+            return
+        if getattr(self.args, "cuda_graphs", False):
+            self.graph_warm_up = self._warm_up_graphs(records)
+        prompts = sorted((self.encode(r["messages"]) for r in records), key=len)
+        for name in self.methods:
+            self.timed(name, [prompts[0]], 4, 1)
+        if str(getattr(self.args, "device", "cpu")).startswith("cuda"):
+            self.timed("ar", [prompts[-1]], 2, 1)
+
     def _warm_up_graphs(self, records: list[dict]) -> dict:
         """Size the shared runner for the longest conversation (its first prompt, and each later
         turn with an answer of --max-new-tokens before it) and capture its graphs before
@@ -173,19 +189,7 @@ class Bench:
 
         args = self.args
         todo = [{"rec": r, "turn": 1, "msgs": {m: r["messages"] for m in self.methods}} for r in records]
-        fitting = [c for c in todo if self._too_long(c) is None]
-        if getattr(args, "cuda_graphs", False) and fitting:
-            self.graph_warm_up = self._warm_up_graphs([c["rec"] for c in fitting])
-        # warm-up, every method: first calls pay for allocation (and on a GPU compilation)
-        if fitting:
-            shortest = min(fitting, key=lambda c: len(self.encode(c["rec"]["messages"])))
-            for name in self.methods:
-                self.timed(name, [self.encode(shortest["rec"]["messages"])], 4, 1)
-            if str(getattr(args, "device", "cpu")).startswith("cuda"):
-                # and the longest prompt's prefill: on a GPU, Triton compiles the kernels of a long
-                # eager prefill on first use, which would land in the first timed method's TTFT
-                longest = max(fitting, key=lambda c: len(self.encode(c["rec"]["messages"])))
-                self.timed("ar", [self.encode(longest["rec"]["messages"])], 2, 1)
+        self._warm_up([c["rec"] for c in todo if self._too_long(c) is None])
         results = []
         bar = tqdm(total=sum(1 + len(r["next_turns"]) for r in records), desc="prompt turns")
         while todo:
