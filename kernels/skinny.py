@@ -229,7 +229,18 @@ def fma_peak_gflops(bits: int, threads: Optional[int] = None, iters: int = 4_000
         raise ValueError(f"bits must be 256 or 512, got {bits!r}")
     if bits == 512 and "avx512f" not in cpu_flags():
         raise ValueError("this CPU has no 512-bit FMA (no avx512f)")
-    return lib.roofline_fma_peak(bits, iters, threads or torch.get_num_threads())
+    if not isinstance(iters, int) or iters < 1:
+        raise ValueError(f"iters must be an int >= 1, got {iters!r}")
+    return lib.roofline_fma_peak(bits, iters, _threads(threads))
+
+
+def _threads(threads: Optional[int]) -> int:
+    """``threads``, or torch's thread count for None; a clear error for anything else below 1."""
+    if threads is None:
+        return torch.get_num_threads()
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise ValueError(f"threads must be None or an int >= 1, got {threads!r}")
+    return threads
 
 
 def read_bandwidth_gbs(buffer: torch.Tensor, threads: Optional[int] = None) -> float:
@@ -237,7 +248,10 @@ def read_bandwidth_gbs(buffer: torch.Tensor, threads: Optional[int] = None) -> f
     fp32 CPU tensor, much larger than the caches)."""
     lib = _require()
     _check_f32("buffer", buffer)
-    return lib.roofline_read_bandwidth(buffer.data_ptr(), buffer.numel(), threads or torch.get_num_threads(), None)
+    if buffer.numel() < 1024:
+        raise ValueError(f"buffer must hold at least 1024 floats (far more than the caches to mean anything), "
+                         f"got {buffer.numel()}")
+    return lib.roofline_read_bandwidth(buffer.data_ptr(), buffer.numel(), _threads(threads), None)
 
 
 def _require() -> ctypes.CDLL:

@@ -135,6 +135,8 @@ class StepGraphs:
         rows), causal and with a tree mask: all the shapes batch-1 decoding meets. The graphs
         are captured on empty inputs (no sequence owns a row: nothing is written to the
         cache). Returns how many were captured; 0 without capture or after a failed one."""
+        if not batches or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches):
+            raise ValueError(f"batches must be a non-empty tuple of ints >= 1, got {batches!r}")
         done = 0
         rows = 1
         while self.capture and self.failed is None and rows <= self.max_tokens:

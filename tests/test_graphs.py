@@ -141,6 +141,9 @@ def test_warm_up_captures_every_shape_of_batch_one_decoding(tiny_triton, monkeyp
     monkeypatch.setattr(g, "_capture", lambda graph: captured.append(graph.shape))
     assert g.warm_up() == 14 == len(captured)  # rows 1, 2, ..., 64, causal and with a tree mask
     assert g.warm_up() == 0  # all there already
+    for bad in ((), (0,), (1.5,), ("1",)):
+        with pytest.raises(ValueError, match="batches must be a non-empty tuple of ints >= 1"):
+            g.warm_up(bad)
     for T in range(1, 65):
         for tree in (False, True):
             for rows in (None, [T - 1]):

@@ -104,6 +104,15 @@ def test_roofline_probes():
     assert skinny.read_bandwidth_gbs(torch.ones(1 << 20), threads=2) > 0
     with pytest.raises(ValueError, match="buffer"):
         skinny.read_bandwidth_gbs(torch.ones(8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="buffer must hold at least 1024 floats"):
+        skinny.read_bandwidth_gbs(torch.ones(8))
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="threads must be None or an int >= 1"):
+            skinny.fma_peak_gflops(256, threads=bad, iters=10)
+        with pytest.raises(ValueError, match="threads must be None or an int >= 1"):
+            skinny.read_bandwidth_gbs(torch.ones(1 << 12), threads=bad)
+    with pytest.raises(ValueError, match="iters must be an int >= 1"):
+        skinny.fma_peak_gflops(256, iters=0)
 
 
 def test_bad_input_is_named():
