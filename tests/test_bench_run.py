@@ -402,3 +402,76 @@ def test_hf_generate_takes_the_sampling_and_pld_knobs_and_an_assistant(monkeypat
     hf_generate(model, prompt, "hf-pld", 4, (), sampling=sp, pld=(2, 5))
     assert (seen["prompt_lookup_num_tokens"], seen["max_matching_ngram_size"]) == (5, 2)
     assert (seen["do_sample"], seen["temperature"], seen["top_k"], seen["top_p"]) == (True, 1.0, 20, 0.9)
+
+
+def _fake_bench(device: str, graphs: bool):
+    """A stand-in for Bench's state: what its warm-up reads and calls, recorded."""
+    calls = []
+    fake = SimpleNamespace(
+        args=SimpleNamespace(device=device, cuda_graphs=graphs, max_new_tokens=10, batch_size=2),
+        methods=["ar", "pld", "hybrid"], graph_warm_up=None,
+        encode=lambda msgs: [0] * len(msgs[0]["content"]),
+        timed=lambda name, prompts, new, repeats: calls.append((name, [len(p) for p in prompts], new, repeats)),
+        tok=SimpleNamespace(encode=lambda text: [0] * len(text)),
+        model=SimpleNamespace(cfg=SimpleNamespace(max_position_embeddings=100)))
+    return fake, calls
+
+
+RECORDS = [{"messages": [{"role": "user", "content": "x" * 30}], "next_turns": ["y" * 5]},
+           {"messages": [{"role": "user", "content": "x" * 12}], "next_turns": []},
+           {"messages": [{"role": "user", "content": "x" * 50}], "next_turns": []}]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_warm_up_runs_every_method_and_on_a_gpu_the_longest_prefill(device, monkeypatch):
+    """Before anything is timed: every method on the shortest prompt; on a GPU also ar on the
+    longest (Triton compiles a long prefill's kernels on first use); graphs only when asked."""
+    from bench.loop import Bench
+
+    fake, calls = _fake_bench(device, graphs=False)
+    fake._warm_up_graphs = lambda records: pytest.fail("graphs warmed up without --cuda-graphs")
+    Bench._warm_up(fake, RECORDS)
+    want = [(m, [12], 4, 1) for m in fake.methods] + ([("ar", [50], 2, 1)] if device == "cuda" else [])
+    assert calls == want
+    calls.clear()
+    Bench._warm_up(fake, [])
+    assert calls == []
+
+
+def test_graph_warm_up_sizes_the_runner_for_the_longest_conversation(monkeypatch):
+    """The shared runner is sized for the longest conversation: its first prompt plus, per later
+    turn, an answer of --max-new-tokens, the question and 16 template tokens, within the context."""
+    from bench.loop import Bench
+    from models.runner import ModelRunner
+
+    fake, calls = _fake_bench("cuda", graphs=True)
+    seen = []
+
+    def warm(model, batch, longest, new):
+        seen.append((batch, longest, new))
+        return dict(captured=18, seconds=1.5, cache_tokens=4096, failed=None)
+    monkeypatch.setattr(ModelRunner, "warm_up_shared", staticmethod(warm))
+    fake._warm_up_graphs = lambda records: Bench._warm_up_graphs(fake, records)
+    Bench._warm_up(fake, RECORDS)
+    assert seen == [(2, 61, 10)]  # 30 + (10 + 5 + 16): the two-turn conversation outgrows the 50-token prompt
+    assert fake.graph_warm_up["captured"] == 18 and calls[-1] == ("ar", [50], 2, 1)
+    seen.clear()
+    Bench._warm_up_graphs(fake, RECORDS[:1] + [{"messages": [{"role": "user", "content": "x" * 40}],
+                                                "next_turns": ["q" * 20, "q" * 20]}])
+    assert seen == [(2, 90, 10)]  # 40 + 2 x (10 + 20 + 16) = 132, capped at the context 100 - 10
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU path")
+def test_run_switches_the_triton_interpreter_on_before_the_kernels_are_defined():
+    """Without a GPU, importing bench/run.py turns TRITON_INTERPRET on before any project module
+    defines a kernel (`--kernel triton` on a CPU died with '0 active drivers' when the flags'
+    module had imported the kernels first). In a fresh process without the variable."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import sys; sys.argv = ['run.py']; sys.path.insert(0, 'bench'); import run; "
+            "from kernels import kv_ops; print(type(kv_ops._kv_store_kernel).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "InterpretedFunction"

@@ -172,3 +172,27 @@ def test_the_step_cost_cache_key_records_cuda_graphs():
     def rest(key):
         return {k: v for k, v in key.items() if k != "cuda_graphs"}
     assert rest(eager) == rest(graphed)
+
+
+def test_graph_replay_is_timed_beside_the_eager_forward(tmp_path):
+    """With graphs on, every point also times the replayed forward (``ModelRunner.forward``:
+    fill, replay, copy out), its ratio to eager, its bandwidth share and its own step-cost curve.
+    Without a GPU the runner's graphs run the same padded steps eagerly (capture=False), which is
+    what this checks the bookkeeping on; the header says what the graphs did."""
+    from bench.model_speed import markdown, measure, parse_args
+
+    args = parse_args(["--shape", "tiny", "--quick", "--device", "cpu", "--kernel", "triton", "--no-tune",
+                       "--batch", "1", "--step-batch", "1", "--step-tokens", "1,2", "--out", str(tmp_path)])
+    args.cuda_graphs = True  # the flag itself is refused without a GPU (tested above)
+    res = measure(args)
+    for r in res["decode"]:
+        assert r["replay_ms"] > 0 and r["replayed"] is True
+        assert r["graph_speedup"] == pytest.approx(r["forward_ms"] / r["replay_ms"])
+        assert r["replay_bw_frac"] == pytest.approx(res["header"]["weight_bytes"] / (r["replay_ms"] * 1e-3) / 1e9
+                                                    / res["header"]["copy_gbs"])
+    first = res["step_cost"][0]
+    assert [r["replay_rel"] for r in res["step_cost"]][0] == 1.0
+    assert res["step_cost"][1]["replay_rel"] == pytest.approx(res["step_cost"][1]["replay_ms"] / first["replay_ms"])
+    stats = res["header"]["graph_stats"]
+    assert stats["eager"] == 0 and stats["failed"] is None
+    assert "## Replayed from CUDA graphs" in markdown(res)
