@@ -14,31 +14,27 @@
 
 #define ACC 12
 
-static double fma256(int64_t iters) {
-    __m256 a[ACC];
-    const __m256 x = _mm256_set1_ps(1.0000001f), y = _mm256_set1_ps(0.9999999f);
-    for (int i = 0; i < ACC; i++) a[i] = _mm256_set1_ps((float)i);
-    for (int64_t it = 0; it < iters; it++) {
-        _Pragma("GCC unroll 12") for (int i = 0; i < ACC; i++) a[i] = _mm256_fmadd_ps(a[i], x, y);
+/* ACC independent FMA chains of one vector type, iters times; returns a lane of their sum (so the
+ * work cannot be dropped). One body for both widths: only the type and the intrinsics differ. */
+#define FMA_CHAINS(name, attr, vec, set1, fmadd, add, storeu, lanes)                                     \
+    attr static double name(int64_t iters) {                                                          \
+        vec a[ACC];                                                                                   \
+        const vec x = set1(1.0000001f), y = set1(0.9999999f);                                         \
+        for (int i = 0; i < ACC; i++) a[i] = set1((float)i);                                          \
+        for (int64_t it = 0; it < iters; it++) {                                                      \
+            _Pragma("GCC unroll 12") for (int i = 0; i < ACC; i++) a[i] = fmadd(a[i], x, y);         \
+        }                                                                                             \
+        vec s = a[0];                                                                                 \
+        for (int i = 1; i < ACC; i++) s = add(s, a[i]);                                               \
+        float out[lanes];                                                                             \
+        storeu(out, s);                                                                               \
+        return out[0];                                                                                \
     }
-    __m256 s = a[0];
-    for (int i = 1; i < ACC; i++) s = _mm256_add_ps(s, a[i]);
-    float out[8];
-    _mm256_storeu_ps(out, s);
-    return out[0];
-}
 
-__attribute__((target("avx512f"))) static double fma512(int64_t iters) {
-    __m512 a[ACC];
-    const __m512 x = _mm512_set1_ps(1.0000001f), y = _mm512_set1_ps(0.9999999f);
-    for (int i = 0; i < ACC; i++) a[i] = _mm512_set1_ps((float)i);
-    for (int64_t it = 0; it < iters; it++) {
-        _Pragma("GCC unroll 12") for (int i = 0; i < ACC; i++) a[i] = _mm512_fmadd_ps(a[i], x, y);
-    }
-    __m512 s = a[0];
-    for (int i = 1; i < ACC; i++) s = _mm512_add_ps(s, a[i]);
-    return _mm512_reduce_add_ps(s);
-}
+FMA_CHAINS(fma256, , __m256, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_storeu_ps, 8)
+/* compiled for AVX-512F whatever the build's flags; called only where the CPU has it */
+FMA_CHAINS(fma512, __attribute__((target("avx512f"))), __m512, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps,
+           _mm512_storeu_ps, 16)
 
 /* GFLOP/s of `threads` threads each running `iters` iterations at `bits` (256 or 512); 0 for
  * another width */
