@@ -103,6 +103,7 @@ class Bench:
         from bench.hf_compare import hf_generate
         from decoding.generate import generate
         from decoding.options import build_proposer, planner_for
+        from decoding.stats import StepClock
 
         if name in self.hf_methods:
             def one(p):
@@ -116,11 +117,13 @@ class Bench:
 
         def call(clock):
             plan = planner_for(self.model, name, self.cost is None, None, self.cost, self.args.fixed_plan)
+            phases = StepClock()
             res = generate(self.model, prompts, build_proposer(name, self.args, self.draft), max_new_tokens=max_new,
-                           sampling=self.sp, planner=plan, on_tokens=clock)
+                           sampling=self.sp, planner=plan, on_tokens=clock, step_clock=phases)
             return ([{"output_ids": x.output_ids, "forwards": x.stats.forwards, "stats": x.stats.as_dict(),
                       "step_tokens": x.stats.step_tokens, "finish_reason": x.finish_reason} for x in res],
-                    {"plan": plan.log if plan is not None else None})
+                    {"plan": plan.log if plan is not None else None,
+                     "step_phases": {"steps": phases.steps, "ms": phases.ms}})
         m = measure(call, len(prompts), repeats, self.memory)
         return [(m, i) for i in range(len(prompts))]
 
@@ -235,7 +238,8 @@ class Bench:
                 ar_ids: list[int]) -> dict:
         """One results.json record. A batch shares its wall time: time_s is this sequence's
         share of the batch's (median over repeats), tok_s the batch's; ``plan`` is the batch's
-        step-planner log (first repeat)."""
+        step-planner log (first repeat), ``step_phases`` the batch's step time by phase
+        (``decoding.stats.StepClock``: total ms per phase and the step count, first repeat)."""
         o = m.outputs[j]
         ids = o["output_ids"]
         batch_new = sum(len(x["output_ids"]) for x in m.outputs)
@@ -254,6 +258,8 @@ class Bench:
             "step_tokens": o["step_tokens"], "accept_lengths": o["accept_lengths"],
             "identical_to_ar": (ids == ar_ids) if self.sp.greedy else None,
             "finish_reason": o["finish_reason"], "stats": o["stats"], "plan": m.extra.get("plan"),
+            # the batch's decoding steps, phase by phase (first repeat), on its first record only
+            "step_phases": m.extra.get("step_phases") if j == 0 else None,
             "text": self.text(ids), "output_ids": ids,
         }
         if rec["next_turns"]:  # a conversation: the messages this turn was asked with

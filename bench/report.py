@@ -137,6 +137,26 @@ def markdown(records: list[dict], header: dict, methods: list[str], tasks: list[
                          f"| {_fmt(p['predicted_ms'], '.1f')} | {_fmt(p['measured_ms'], '.1f')} "
                          f"| {_fmt(p['predicted_speedup'])} | {_fmt(s.get((m, 'all'), {}).get('speedup'))} |")
         lines.append("")
+    phases = phase_summary(records)
+    if phases:
+        from decoding.stats import PHASES
+
+        host = [p for p in PHASES if p != "forward"]
+        lines += ["### where a decoding step's time goes (all tasks, ms per step)", "",
+                  "Measured in the loop (decoding.stats.StepClock), first repeat. forward: the model's forward "
+                  "(on a GPU up to the device's end of it); the rest is host work: the planner, the "
+                  "proposer's drafting, packing the step, reducing and verifying the logits, committing the "
+                  "K/V, bookkeeping. host share: host ms / (host + forward) ms.", "",
+                  "| method | steps | forward | " + " | ".join(host) + " | host | host share |",
+                  "|---|---:|---:|" + "---:|" * len(host) + "---:|---:|"]
+        for m in methods:
+            p = phases.get(m)
+            if p is None:
+                continue
+            lines.append(f"| {m} | {p['steps']} | {_fmt(p['forward'])} | "
+                         + " | ".join(_fmt(p[h]) for h in host)
+                         + f" | {_fmt(p['host'])} | {_fmt(p['host'] / (p['host'] + p['forward']), '.0%')} |")
+        lines.append("")
     if "hf-pld" in methods:
         # tau against transformers' prompt lookup on the same prompts: per task, then the mean of
         # the per-task ratios (each task weighs the same, whatever its prompt count).
@@ -150,6 +170,27 @@ def markdown(records: list[dict], header: dict, methods: list[str], tasks: list[
                          + f" | {_fmt(sum(got) / len(got) if got else None)} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def phase_summary(records: list[dict]) -> dict[str, dict]:
+    """Per method, the mean ms per decoding step of each phase over all its records' steps
+    (``step_phases``: the batch's totals, on its first record)."""
+    tot: dict[str, dict] = {}
+    for r in records:
+        ph = r.get("step_phases")
+        if not ph or not ph.get("steps"):
+            continue
+        t = tot.setdefault(r["method"], {"steps": 0, "ms": defaultdict(float)})
+        t["steps"] += ph["steps"]
+        for k, v in ph["ms"].items():
+            t["ms"][k] += v
+    out = {}
+    for m, t in tot.items():
+        per = {k: v / t["steps"] for k, v in t["ms"].items()}
+        per["host"] = sum(v for k, v in per.items() if k != "forward")
+        per["steps"] = t["steps"]
+        out[m] = per
+    return out
 
 
 def planner_summary(records: list[dict]) -> dict[str, dict]:

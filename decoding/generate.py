@@ -17,7 +17,7 @@ from decoding import inputs
 from decoding.planner import Planner
 from decoding.proposer import Budget, Context, Outcome, Proposer, Sequence, SeqState
 from decoding.sampling import SamplingParams, probs_from_logits, sample
-from decoding.stats import SeqStats
+from decoding.stats import SeqStats, StepClock
 from decoding.tree import StepTree
 from kernels.rows import argmax_rows, argmax_topk_rows
 from models.llama import Transformer
@@ -71,6 +71,7 @@ def generate(
     prefill_chunk: int = 512,
     progress: bool = False,
     on_tokens: Optional[Callable[[int, list[int]], bool]] = None,
+    step_clock: Optional[StepClock] = None,
 ) -> list[GenerationResult]:
     """Generate for a batch of ragged prompts (lists of token ids) with one method.
 
@@ -82,7 +83,8 @@ def generate(
     ``planner`` (one per call) sizes every step to what it costs on the device; without one,
     each step sends the proposer's whole tree. ``on_tokens(index, new_tokens)`` is called
     whenever sequence ``index`` gains tokens (streaming); returning True stops that sequence
-    (finish reason "stop", e.g. a stop string was reached).
+    (finish reason "stop", e.g. a stop string was reached). ``step_clock`` (a
+    ``decoding.stats.StepClock``) sums where the decoding steps' time goes, phase by phase.
     """
     proposer = proposer or Proposer()
     if not isinstance(proposer, Proposer):
@@ -111,7 +113,7 @@ def generate(
         bar = _progress_bar(progress, proposer.name, seqs)
         while active := batch.retire_finished():
             t0 = time.perf_counter()
-            outcomes = decode_step(runner, proposer, active, ctx, eos, planner)
+            outcomes = decode_step(runner, proposer, active, ctx, eos, planner, step_clock)
             if planner is not None:
                 planner.observe_time([o.sent for o in outcomes], (time.perf_counter() - t0) * 1e3,
                                      sum(len(o.new_tokens) for o in outcomes), model_ms=proposer.model_ms)
@@ -120,6 +122,8 @@ def generate(
             if on_tokens is not None:
                 _notify(on_tokens, active, [o.new_tokens for o in outcomes])
             bar.update(sum(len(o.new_tokens) for o in outcomes))
+            if step_clock is not None:
+                step_clock.mark("update")
         bar.close()
     finally:
         batch.release()  # an error mid-way must not leak cache blocks of a shared runner
@@ -127,9 +131,15 @@ def generate(
 
 
 def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence], ctx: Context,
-                eos: set[int], planner: Optional[Planner] = None) -> list[Outcome]:
+                eos: set[int], planner: Optional[Planner] = None, clock: Optional[StepClock] = None
+                ) -> list[Outcome]:
     """One step of every active sequence: propose -> (plan) -> forward -> verify -> commit ->
-    update. A planner sends a subtree of each proposed tree; outcomes name the proposer's nodes."""
+    update. A planner sends a subtree of each proposed tree; outcomes name the proposer's nodes.
+    ``clock`` is told when each phase ends."""
+    mark = _no_mark
+    if clock is not None:
+        clock.start(runner.device)
+        mark = clock.mark
     states = [s.state for s in active]
     sids = [st.sid for st in states]
     depth = [s.remaining - 1 for s in active]
@@ -142,15 +152,21 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
         else:
             budgets = [Budget(max_depth=min(d, p), planned=True)
                        for d, p in zip(depth, planner.max_depth(sids, proposer.sources, contexts))]
+    mark("plan")
     trees = proposer.propose(states, budgets, ctx)
+    mark("propose")
     keep = [list(range(len(t))) for t in trees] if planner is None else planner.select(sids, trees)
     sent = [t if len(k) == len(t) else t.subtree(k)[0] for t, k in zip(trees, keep)]
     rows = [{node: j for j, node in enumerate(t.logit_nodes())} for t in sent]
-    logits = runner.step([_step_input(sid, t, list(r)) for sid, t, r in zip(sids, sent, rows)])
+    mark("plan")
+    logits = runner.step([_step_input(sid, t, list(r)) for sid, t, r in zip(sids, sent, rows)],
+                         None if clock is None else mark)
     tops = [_reduce_rows(lg, proposer.top_k) if ctx.sampling.greedy else (None, None) for lg in logits]
     verdicts = [proposer.verify(st, t, lg, r, ctx.sampling, top1=top1)  # top1: None when sampling
                 for st, t, lg, r, (top1, _) in zip(states, sent, logits, rows, tops)]
+    mark("verify")
     runner.commit({sid: path for sid, (path, _) in zip(sids, verdicts)})
+    mark("commit")
     outcomes = []
     for s, tree, t, k, lg, r, (path, bonus), (top1, topk) in zip(active, trees, sent, keep, logits, rows, verdicts,
                                                                  tops):
@@ -160,7 +176,12 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
         proposer.update(s.state, outcomes[-1])
         if planner is not None:
             planner.observe(s.state.sid, outcomes[-1])
+    mark("update")
     return outcomes
+
+
+def _no_mark(phase: str) -> None:
+    pass
 
 
 def _reduce_rows(logits: torch.Tensor, k: int) -> tuple[list[int], Optional[list[list[int]]]]:

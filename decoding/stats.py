@@ -1,5 +1,6 @@
 """Per-sequence statistics of a generate call, kept outside the decoding loop's body."""
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -36,3 +37,50 @@ class SeqStats:
                 "accepted_hist": dict(sorted(self.accepted_hist.items())),
                 "proposed": dict(self.proposed), "accepted": dict(self.accepted),
                 "accept_lengths": list(self.accept_lengths)}
+
+
+# The parts of a decoding step, in the order the loop runs them (``StepClock``).
+PHASES = ("plan", "propose", "pack", "forward", "verify", "commit", "update")
+
+
+class StepClock:
+    """Where the decoding steps' wall time goes, phase by phase, summed over the steps of one
+    generate call (pass one as ``generate(..., step_clock=)``). ``forward`` is the model's
+    forward alone: on a GPU the clock waits for the device there (one synchronisation per step,
+    which the loop's argmax needs right after anyway), so that the device's time is not
+    counted in ``verify``. Every other phase is host work: the proposer's drafting
+    (``propose``), the planner's budgets and subtree (``plan``), packing the step into the
+    model's inputs (``pack``), reducing and verifying the logits (``verify``), committing the
+    accepted K/V (``commit``), and the bookkeeping after it (``update``: the sequences' tokens,
+    the proposer's and planner's state, the statistics)."""
+
+    def __init__(self):
+        self.ms = dict.fromkeys(PHASES, 0.0)
+        self.steps = 0
+        self._t = 0.0
+        self._sync = None
+
+    def start(self, device=None) -> None:
+        """A step begins (``device``: the one whose work ``forward`` waits for)."""
+        import torch
+
+        self.steps += 1
+        self._sync = torch.cuda.synchronize if device is not None and device.type == "cuda" else None
+        self._device = device
+        self._t = time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        """``phase`` ended now: the time since the previous mark is its."""
+        if phase == "forward" and self._sync is not None:
+            self._sync(self._device)
+        t = time.perf_counter()
+        self.ms[phase] += (t - self._t) * 1e3
+        self._t = t
+
+    def per_step(self) -> dict:
+        """Mean ms per step of each phase, ``host`` (everything but the forward) and ``steps``."""
+        n = max(self.steps, 1)
+        out = {p: self.ms[p] / n for p in PHASES}
+        out["host"] = sum(v for p, v in out.items() if p != "forward")
+        out["steps"] = self.steps
+        return out

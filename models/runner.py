@@ -7,7 +7,7 @@ After verification ``commit`` keeps the accepted tokens' K/V and drops the rest.
 """
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -149,9 +149,15 @@ class ModelRunner:
         return depths
 
     @torch.inference_mode()
-    def step(self, inputs: list[StepInput]) -> list[torch.Tensor]:
-        """One forward for all ``inputs``; returns per input its logits rows (R_b, vocab) fp32."""
-        logits = self.forward(*self.prepare(inputs))
+    def step(self, inputs: list[StepInput], mark: Optional[Callable[[str], None]] = None) -> list[torch.Tensor]:
+        """One forward for all ``inputs``; returns per input its logits rows (R_b, vocab) fp32.
+        ``mark`` (a ``decoding.stats.StepClock.mark``) is told when the packing and the forward end."""
+        prepared = self.prepare(inputs)
+        if mark is not None:
+            mark("pack")
+        logits = self.forward(*prepared)
+        if mark is not None:
+            mark("forward")
         out, start = [], 0
         for inp in inputs:
             r = len(inp.tokens) if inp.logits_rows is None else len(inp.logits_rows)

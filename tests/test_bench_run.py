@@ -264,6 +264,28 @@ def test_results_hold_text_ttft_memory_and_step_sizes(specbench_run, smol):
     assert (out / "accept_hist.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_results_split_each_batchs_steps_into_phases(specbench_run):
+    """The batch's step phases sit on its first record (ours only), count its forwards, and the
+    report's table is their mean per step over the records."""
+    from bench.report import phase_summary
+    from decoding.stats import PHASES
+
+    out, data = specbench_run
+    for r in data["records"]:
+        ph = r["step_phases"]
+        assert set(ph["ms"]) == set(PHASES) and ph["steps"] == r["forwards"]  # batch 1: its own forwards
+        assert all(v >= 0 for v in ph["ms"].values()) and ph["ms"]["forward"] > 0
+    got = phase_summary(data["records"])
+    pld = [r["step_phases"] for r in data["records"] if r["method"] == "pld"]
+    steps = sum(p["steps"] for p in pld)
+    assert got["pld"]["steps"] == steps
+    assert got["pld"]["propose"] == pytest.approx(sum(p["ms"]["propose"] for p in pld) / steps)
+    assert got["pld"]["host"] == pytest.approx(sum(got["pld"][p] for p in PHASES if p != "forward"))
+    md = (out / "results.md").read_text()
+    assert "### where a decoding step's time goes" in md
+    assert next(line for line in md.splitlines() if line.startswith("| pld | " + str(steps) + " | "))
+
+
 def test_a_run_replays_the_step_cost_curve_of_another(specbench_run, tmp_path):
     """Every planned run writes OUT/step_cost.json; --step-cost FILE --fixed-plan plans another
     run with exactly that curve, says so in the header and writes the same curve again."""

@@ -245,6 +245,36 @@ def test_stats_are_consistent(tiny_torch):
         assert all(st.accepted[b] <= st.proposed[b] for b in st.accepted)
 
 
+def test_step_clock_splits_every_step_into_its_phases(tiny_torch, monkeypatch):
+    """Every decoding step is clocked once; the forward phase is the model's forward (a slowed
+    forward lands there, not in the host phases) and the phases add up to the loop's time."""
+    import time
+
+    from decoding.stats import PHASES, StepClock
+    from models.runner import ModelRunner
+
+    forward = ModelRunner.forward
+
+    def slow(self, *a):
+        time.sleep(0.01)
+        return forward(self, *a)
+
+    monkeypatch.setattr(ModelRunner, "forward", slow)
+    clock = StepClock()
+    t = time.perf_counter()
+    res = generate(tiny_torch, TINY_PROMPTS, make_proposer("hybrid"), max_new_tokens=12, eos_token_ids=(),
+                   step_clock=clock)
+    wall = (time.perf_counter() - t) * 1e3
+    assert clock.steps == max(r.stats.forwards for r in res) > 1  # one clocked step per batch forward
+    per = clock.per_step()
+    assert set(per) == set(PHASES) | {"host", "steps"} and all(per[p] >= 0 for p in PHASES)
+    assert per["forward"] >= 10.0  # the sleep is inside the forward phase
+    assert all(per[p] < 10.0 for p in PHASES if p != "forward")
+    assert per["propose"] > 0 and per["verify"] > 0
+    assert per["host"] == pytest.approx(sum(per[p] for p in PHASES if p != "forward"))
+    assert sum(clock.ms.values()) < wall  # the prefill is not a step
+
+
 # ---- proposers without a model, configurations ----------------------------------------------------
 def ctx(**kw):
     return Context(backend=TorchBackend(), device=torch.device("cpu"), max_context=kw.get("max_context", 256),
