@@ -93,8 +93,10 @@ class StepGraphs:
     graph (the caller runs it eagerly). ``stats``: captures, replays, eager fallbacks and the
     seconds spent capturing (``capture_s``, the eager run before each capture included)."""
 
-    def __init__(self, model, cache, *, max_tokens: int = 256, max_batch: int = 64, max_graphs: int = 96,
-                 capture: Optional[bool] = None):
+    DEFAULT_MAX_TOKENS = 256
+
+    def __init__(self, model, cache, *, max_tokens: int = DEFAULT_MAX_TOKENS, max_batch: int = 64,
+                 max_graphs: int = 128, capture: Optional[bool] = None):
         if model.backend.name != "triton":
             raise ValueError(f"cuda graphs need the triton kernel backend (the {model.backend.name!r} backend "
                              "works out each step on the host); use --kernel triton")
@@ -130,26 +132,32 @@ class StepGraphs:
                          causal=causal, logits=rows)
 
     def warm_up(self, batches: tuple[int, ...] = (1,)) -> int:
-        """Capture now, for each batch size in ``batches``, the shapes of every step up to
-        ``max_tokens`` rows with each sequence's rows padded to the largest (``max_q`` = the
-        rows), causal and with a tree mask: all the shapes batch-1 decoding meets. The graphs
-        are captured on empty inputs (no sequence owns a row: nothing is written to the
-        cache). Returns how many were captured; 0 without capture or after a failed one."""
+        """Capture now, for each batch size in ``batches`` (each padded to a power of two),
+        the shape of every step it can take up to ``max_tokens`` rows, causal and with a tree
+        mask: batch 1 steps of each row count (``max_q`` = the rows, 18 graphs); a batch of b
+        sequences every ``max_q`` its padded rows allow (from rows / 2b, the fewest rows its
+        longest sequence can have, up to the rows). A benchmark that decodes batches of 4
+        passes (1, 2, 4): the batch shrinks as sequences finish. The graphs are captured on
+        empty inputs (no sequence owns a row: nothing is written to the cache). Returns how
+        many were captured; 0 without capture or after a failed one."""
         if not batches or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches):
             raise ValueError(f"batches must be a non-empty tuple of ints >= 1, got {batches!r}")
         done = 0
         rows = 1
         while self.capture and self.failed is None and rows <= self.max_tokens:
             for b in sorted({_pow2(b) for b in batches if 1 <= b <= min(rows, self.max_batch)}):
-                for tree in (False, True):
-                    shape = self._shape(rows, b, rows, tree, tree)
-                    if shape in self.graphs:
-                        continue
-                    g = _Graph(shape, self.device)
-                    if not self._try_capture(g):
-                        return done
-                    self.graphs[shape] = g
-                    done += 1
+                max_qs = [rows] if b == 1 else [q for q in (1 << i for i in range(rows.bit_length()))
+                                                if rows // (2 * b) <= q <= rows]
+                for max_q in max_qs:
+                    for tree in (False, True):
+                        shape = self._shape(rows, b, max_q, tree, tree)
+                        if shape in self.graphs:
+                            continue
+                        g = _Graph(shape, self.device)
+                        if not self._try_capture(g):
+                            return done
+                        self.graphs[shape] = g
+                        done += 1
             rows *= 2
         self._evict()
         return done

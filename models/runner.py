@@ -76,8 +76,8 @@ class ModelRunner:
     @classmethod
     def warm_up_shared(cls, model: Transformer, batch: int, longest_prompt: int, max_new_tokens: int) -> dict:
         """Make the runner ``for_batch`` will hand out for ``batch`` prompts of up to
-        ``longest_prompt`` tokens and capture its graphs now (``StepGraphs.warm_up`` for batch 1
-        and ``batch``), so that a benchmark's timed runs neither replace the runner (and capture
+        ``longest_prompt`` tokens and capture its graphs now (``StepGraphs.warm_up`` for every
+        power of two up to ``batch``), so that a benchmark's timed runs neither replace the runner (and capture
         again) nor capture on first use. Returns what it did: graphs captured, seconds, cache
         tokens, a failed capture. CUDA graphs must be on (``models.graphs.use_cuda_graphs``)."""
         if getattr(model, "step_graphs", None) is None:
@@ -87,7 +87,8 @@ class ModelRunner:
                              f"{max_new_tokens}")
         runner = cls.for_batch(model, [[0] * longest_prompt] * batch, max_new_tokens)
         before = runner.graphs.stats["capture_s"]
-        captured = runner.graphs.warm_up(tuple(sorted({1, batch})))
+        # every power of two up to the batch: it shrinks as its sequences finish
+        captured = runner.graphs.warm_up(tuple(1 << i for i in range((batch - 1).bit_length() + 1)))
         return dict(captured=captured, seconds=runner.graphs.stats["capture_s"] - before,
                     cache_tokens=runner.cache.num_blocks * runner.cache.block_size, failed=runner.graphs.failed)
 

@@ -155,6 +155,34 @@ def test_warm_up_captures_every_shape_of_batch_one_decoding(tiny_triton, monkeyp
     assert g.shape_of(tokens, meta, idx) is None  # past max_tokens: eager
 
 
+def test_warm_up_of_a_batch_covers_every_step_its_shrinking_batch_takes(tiny_triton, monkeypatch):
+    """A benchmark decoding batches of 4 warms up (1, 2, 4): every split of up to max_tokens rows
+    over 1-4 sequences, chains and trees, must find its graph (none captured while timing)."""
+    import random
+
+    runner = _runner(tiny_triton, False)
+    runner.add_sequence(3)
+    g = StepGraphs(tiny_triton, runner.cache, max_tokens=16, capture=False)
+    g.capture = True  # what a GPU would capture, recorded instead
+    monkeypatch.setattr(g, "_capture", lambda graph: None)
+    n = g.warm_up((1, 2, 4))
+    assert n == len(g.graphs) and n < 60
+    rng = random.Random(0)
+    for _ in range(300):
+        B = rng.randint(1, 4)
+        T = rng.randint(B, 16)
+        cuts = sorted(rng.sample(range(1, T), B - 1))
+        sizes = [b - a for a, b in zip([0] + cuts, cuts + [T])]
+        inputs = []
+        for sid, size in enumerate(sizes):
+            tree = rng.random() < 0.5 and size > 2
+            parents = [-1] + [rng.randrange(i + 1) for i in range(size - 1)] if tree else None
+            inputs.append(StepInput(sid, list(range(1, size + 1)), parents=parents,
+                                    logits_rows=None if rng.random() < 0.5 else [size - 1]))
+        tokens, meta, idx = runner.prepare(inputs)
+        assert g.shape_of(tokens, meta, idx) in g.graphs, sizes
+
+
 def test_a_failed_warm_up_stops_and_leaves_steps_eager(tiny_triton, monkeypatch):
     runner = _runner(tiny_triton, False)
     g = StepGraphs(tiny_triton, runner.cache, max_tokens=8, capture=False)
