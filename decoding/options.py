@@ -164,4 +164,9 @@ def planner_for(model, name: str, no_plan: bool, cache_dir, cost=None, fixed: bo
         return None
     from decoding.planner import Planner, PlannerConfig
     from models.cost import step_cost
-    return Planner(cost if cost is not None else step_cost(model, cache_dir), PlannerConfig(learn_overhead=not fixed))
+    from models.graphs import StepGraphs
+
+    graphs = getattr(model, "step_graphs", None)  # a step past the largest graph's rows runs eagerly
+    cap = graphs.get("max_tokens", StepGraphs.DEFAULT_MAX_TOKENS) if graphs is not None else None
+    return Planner(cost if cost is not None else step_cost(model, cache_dir),
+                   PlannerConfig(learn_overhead=not fixed, max_step_tokens=cap))

@@ -44,6 +44,11 @@ class PlannerConfig:
     window_rate: float = 0.15  # tokens a lookahead window column earns per step, before evidence
     window_weight: float = 50.0  # pseudo column-steps behind window_rate
     max_tokens: int = 128  # most step tokens per sequence
+    # most step tokens of the whole batch (None: no limit). With CUDA graphs a step of more rows
+    # than the largest graph runs eagerly, an order of magnitude slower than a replay, which the
+    # measured step-cost curve (batch 1, up to 64 tokens) cannot show: planner_for sets this to
+    # the graphs' row limit
+    max_step_tokens: Optional[int] = None
     learn_overhead: bool = True  # add the host's per-step time (wall time - predicted forward), a + b x tokens
     # drafts are sent only when they promise this much more than a one-token step (tokens per unit
     # of predicted time): the cost model's error is a few percent, so a smaller promise can be a loss
@@ -67,6 +72,8 @@ class PlannerConfig:
             raise ValueError(f"explore must be >= 0, got {self.explore}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.max_step_tokens is not None and self.max_step_tokens < 1:
+            raise ValueError(f"max_step_tokens must be >= 1 or None, got {self.max_step_tokens}")
         if not self.min_gain >= 0:
             raise ValueError(f"min_gain must be >= 0, got {self.min_gain}")
 
@@ -292,6 +299,10 @@ class Planner:
         return self.cost(tokens, contexts)
 
     def _time(self, tokens: list[int]) -> float:
+        """Predicted ms of the step (forward, plus the learnt host time); infinite past
+        ``max_step_tokens``, so that no plan sends such a step."""
+        if self.cfg.max_step_tokens is not None and sum(tokens) > self.cfg.max_step_tokens:
+            return float("inf")
         if not self.cfg.learn_overhead:
             return self._cost(tokens)
         return self._cost(tokens) + max(0.0, self.overhead_ms + self.overhead_per_token * (sum(tokens) - self._mean_x))

@@ -104,6 +104,36 @@ def test_select_ranks_nodes_across_the_batch():
     assert plan.select([0, 1], [chain(4), chain(4)]) == [[0], [0, 1, 2, 3, 4]]
 
 
+def test_a_batch_step_never_passes_max_step_tokens():
+    """Free tokens (flat cost, every draft accepted) fill each tree, but the batch's step stays
+    within max_step_tokens (the CUDA graphs' rows): in select and in max_depth."""
+    cfg = PlannerConfig(prior=0.9, learn_overhead=False, explore=0.0, max_step_tokens=12)
+    plan = Planner(linear_cost(10, 0), cfg)
+    kept = plan.select([0, 1, 2], [chain(6), chain(6), chain(6)])
+    assert sum(len(k) for k in kept) == 12
+    free = Planner(linear_cost(10, 0), replace(cfg, max_step_tokens=None))
+    assert sum(len(k) for k in free.select([0, 1, 2], [chain(6), chain(6), chain(6)])) == 21
+    assert plan.max_depth([0, 1, 2], PLD) == [9, 9, 9]  # each alone beside two one-token rows: 3 + 9 = 12
+    assert free.max_depth([0, 1, 2], PLD)[0] > 9
+    with pytest.raises(ValueError, match="max_step_tokens"):
+        PlannerConfig(max_step_tokens=0)
+
+
+def test_planner_for_caps_a_step_at_the_graphs_rows(tiny):
+    from decoding.options import planner_for
+    from models.graphs import StepGraphs
+
+    cost = linear_cost(10, 1)
+    assert planner_for(tiny, "pld", False, None, cost).cfg.max_step_tokens is None
+    tiny.step_graphs = {"capture": False}
+    try:
+        assert planner_for(tiny, "pld", False, None, cost).cfg.max_step_tokens == StepGraphs.DEFAULT_MAX_TOKENS
+        tiny.step_graphs = {"capture": False, "max_tokens": 32}
+        assert planner_for(tiny, "pld", False, None, cost).cfg.max_step_tokens == 32
+    finally:
+        tiny.step_graphs = None
+
+
 def test_window_columns_are_sent_whole_and_in_order():
     t = chain(1)
     for g in range(3):  # columns of 2 private nodes each
