@@ -92,7 +92,12 @@ def _kv_store_kernel(
              v, mask=ok)
 
 
-@triton.jit
+# A commit runs eagerly after every step (never inside a CUDA graph) with a width that changes
+# from step to step: the accepted tokens (max_accept, stride_ai) and the sequences' block-table
+# columns (stride_bt). Triton would compile a variant for each of their values that is 1 or a
+# multiple of 16, and the first decoding step to meet one paid that compile (0.1-0.25 s on an
+# H200) inside its timed run. One variant serves them all; the kernel reads them as scalars.
+@triton.jit(do_not_specialize=["max_accept", "stride_bt", "stride_ai"])
 def _kv_compact_kernel(
     k_cache_ptr,  # (num_layers, num_blocks, block_size, n_kv_heads, head_dim)
     v_cache_ptr,  # (num_layers, num_blocks, block_size, n_kv_heads, head_dim)
