@@ -10,6 +10,7 @@ import torch
 
 from decoding.proposer import Budget, Context, Proposer, SeqState
 from decoding.tree import PLD, StepTree
+from kernels.ngram_match import ngram_match_lists as host_match_lists
 
 
 @dataclass(slots=True)
@@ -82,12 +83,23 @@ class DeviceHistories:
         return (torch.cat(parts) if parts else torch.empty(0, dtype=torch.int32, device=device)), cu
 
 
+# Batches whose histories hold at most this many tokens in all are searched on the host, whatever
+# the backend: the host search (kernels.ngram_match.ngram_match_lists) takes about 0.02 ms per
+# 1,000 history tokens on one x86 core, while the device kernel's round trip (upload of the new
+# tokens, a launch, a synchronising copy back) cost 0.17 ms per step on an H200 at batch 1
+# (bench/results/2026-11-26-h200-phases, "propose"). Larger batches go to the kernel.
+HOST_SEARCH_TOKENS = 4096
+
+
 def lookup_states(backend, states: list[SeqState], cfg: PromptLookupConfig, device: torch.device | str = "cpu",
                   mirror: Optional[DeviceHistories] = None) -> list[list[list[int]]]:
     """``lookup_candidates`` of the states' histories; a backend whose kernel runs on the
-    device reads them from ``mirror`` (kept there between steps) when one is given."""
+    device reads them from ``mirror`` (kept there between steps) when one is given, unless the
+    histories are short enough in all (``HOST_SEARCH_TOKENS``) to search faster on the host."""
     if mirror is None or backend.searches_on_host:
         return lookup_candidates(backend, [s.tokens for s in states], cfg, device)
+    if sum(len(s.tokens) for s in states) <= HOST_SEARCH_TOKENS:
+        return host_match_lists([s.tokens for s in states], **_match_args(cfg))
     tokens, cu = mirror.pack(states, device)
     return backend.ngram_match_found(tokens, cu, **_match_args(cfg))
 

@@ -262,12 +262,15 @@ def test_device_histories_upload_only_what_was_appended():
     assert len(mirror._mirror) == 2
 
 
-def test_lookup_states_from_the_device_mirror_equals_the_host_search():
+def test_lookup_states_from_the_device_mirror_equals_the_host_search(monkeypatch):
     """What pld and lookahead+pld call: the Triton kernel over the mirrored histories gives the
     host search's candidates over several steps of a ragged batch."""
+    from decoding import prompt_lookup
     from decoding.prompt_lookup import DeviceHistories, PromptLookupConfig, lookup_states
     from decoding.proposer import SeqState
     from kernels.backend import get_backend
+
+    monkeypatch.setattr(prompt_lookup, "HOST_SEARCH_TOKENS", 0)  # these short histories to the kernel too
 
     g = torch.Generator().manual_seed(6)
     states = [SeqState(i, torch.randint(0, 4, (n,), generator=g).tolist(), n) for i, n in enumerate((5, 30, 17))]
@@ -280,3 +283,29 @@ def test_lookup_states_from_the_device_mirror_equals_the_host_search():
         assert mirror.uploaded == sum(len(s.tokens) for s in states)  # each token copied once
         for s in states:
             s.tokens += torch.randint(0, 4, (int(torch.randint(1, 4, (1,), generator=g)),), generator=g).tolist()
+
+
+def test_short_histories_are_searched_on_the_host_whatever_the_backend(monkeypatch):
+    """Up to HOST_SEARCH_TOKENS history tokens in all, the host search answers (same candidates)
+    and neither the kernel nor the mirror is touched; past it, the kernel."""
+    from decoding import prompt_lookup
+    from decoding.prompt_lookup import DeviceHistories, PromptLookupConfig, lookup_states
+    from decoding.proposer import SeqState
+    from kernels.backend import get_backend
+
+    g = torch.Generator().manual_seed(7)
+    states = [SeqState(i, torch.randint(0, 5, (n,), generator=g).tolist(), n) for i, n in enumerate((40, 25))]
+    cfg = PromptLookupConfig(num_candidates=2, num_draft=3)
+    dev = torch.empty(0).device
+    triton_be, torch_be = get_backend("triton", dev), get_backend("torch", dev)
+    want = lookup_states(torch_be, states, cfg, dev, DeviceHistories())
+    calls = []
+    kernel = triton_be.ngram_match_found
+    monkeypatch.setattr(triton_be, "ngram_match_found", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    monkeypatch.setattr(prompt_lookup, "HOST_SEARCH_TOKENS", 65)
+    mirror = DeviceHistories()
+    assert lookup_states(triton_be, states, cfg, dev, mirror) == want and any(want)
+    assert calls == [] and mirror.uploaded == 0
+    monkeypatch.setattr(prompt_lookup, "HOST_SEARCH_TOKENS", 64)
+    assert lookup_states(triton_be, states, cfg, dev, mirror) == want
+    assert calls == [1] and mirror.uploaded == 65
