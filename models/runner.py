@@ -219,20 +219,30 @@ class ModelRunner:
                 elif inp.mask is not None:
                     words = pack_mask(inp.mask.cpu())
                     mask[cu[b]:cu[b + 1], :words.shape[1]] = words
-            mask = mask.to(dev)
             causal = torch.tensor([not t for t in tree], dtype=torch.bool, device=dev)
+        table = self.cache.block_table(seq_ids, "cpu")
+        lens = [cache.lengths[s] for s in seq_ids]
+        idx_list = None if len(logits_idx) == cu[-1] else logits_idx
+        # The step's integers go to the device in two copies (one per dtype), each piece a view
+        # of them: on a GPU every copy is a host round trip of its own (8 of them per step before).
+        # Each piece starts 16 bytes aligned, as a tensor of its own would: Triton specialises
+        # kernels on pointer alignment, and a piece at an odd offset would compile another variant.
+        _, v32 = _packed([torch.tensor(cu, dtype=torch.int32), torch.tensor(positions, dtype=torch.int32),
+                               torch.tensor(lens, dtype=torch.int32), table.flatten()]
+                              + ([] if mask is None else [mask.flatten()]), 4, dev)
+        _, v64 = _packed([torch.tensor(tokens, dtype=torch.int64), torch.tensor(slots, dtype=torch.int64)]
+                              + ([] if idx_list is None else [torch.tensor(idx_list, dtype=torch.int64)]), 2, dev)
         meta = StepMeta(
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
-            positions=torch.tensor(positions, dtype=torch.int32, device=dev),
-            block_tables=cache.block_table(seq_ids, dev),
-            context_lens=torch.tensor([cache.lengths[s] for s in seq_ids], dtype=torch.int32, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            cu_seqlens_q=v32[0],
+            positions=v32[1],
+            block_tables=v32[3].view(table.shape),
+            context_lens=v32[2],
+            slot_mapping=v64[1],
             max_seqlen_q=max(len(inp.tokens) for inp in inputs),
-            mask=mask,
+            mask=None if mask is None else v32[4].view(mask.shape),
             causal=causal,
         )
-        idx = None if len(logits_idx) == cu[-1] else torch.tensor(logits_idx, dtype=torch.int64, device=dev)
-        return torch.tensor(tokens, dtype=torch.int64, device=dev), meta, idx
+        return v64[0], meta, None if idx_list is None else v64[2]
 
     @torch.inference_mode()
     def commit(self, accepted: dict[int, list[int]]) -> None:
@@ -259,3 +269,17 @@ class ModelRunner:
                 idx.to(dev), torch.tensor([len(moving[s]) for s in seq_ids], dtype=torch.int32, device=dev))
         for s, rows in accepted.items():
             cache.commit(s, len(rows))
+
+
+def _packed(parts: list[torch.Tensor], align: int, device) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``parts`` (1-D, one dtype) copied to ``device`` as one tensor, each starting at a multiple
+    of ``align`` elements; returns it and the parts' views of it."""
+    starts, n = [], 0
+    for p in parts:
+        starts.append(n)
+        n += -(-p.numel() // align) * align
+    host = torch.zeros(n, dtype=parts[0].dtype)
+    for p, a in zip(parts, starts):
+        host[a:a + p.numel()] = p
+    dev = host.to(device)
+    return dev, [dev[a:a + p.numel()] for p, a in zip(parts, starts)]
