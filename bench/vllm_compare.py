@@ -27,6 +27,9 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
 VLLM_METHODS = ("vllm", "vllm-ngram", "vllm-suffix", "vllm-specdec")
+# our drafters inside vLLM (decoding/vllm.py): vllm-specdec is the hybrid, the default
+OURS_IN_VLLM = {"vllm-specdec": "HybridProposer", "vllm-specdec-pld": "PromptLookupProposer",
+                "vllm-specdec-suffix": "SuffixProposer"}
 DEFAULT_VENV = REPO / ".venv-vllm"
 
 
@@ -50,9 +53,10 @@ def speculative_config(method: str, k: int, pld: tuple[int, int]) -> Optional[di
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1, "prompt_lookup_max": pld[0]}
     if method == "vllm-suffix":
         return {"method": "suffix"}
-    if method == "vllm-specdec":
-        return {"method": "custom_class", "model": "decoding.vllm.HybridProposer", "num_speculative_tokens": k}
-    raise ValueError(f"unknown vLLM method {method!r}; known: {', '.join(VLLM_METHODS)}")
+    if method in OURS_IN_VLLM:
+        return {"method": "custom_class", "model": f"decoding.vllm.{OURS_IN_VLLM[method]}",
+                "num_speculative_tokens": k}
+    raise ValueError(f"unknown vLLM method {method!r}; known: {', '.join(VLLM_METHODS[:3] + tuple(OURS_IN_VLLM))}")
 
 
 def run_method(method: str, prompts: list[list[int]], max_new_tokens: int, threads: int, *, model: Optional[str],

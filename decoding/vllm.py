@@ -52,10 +52,10 @@ class VllmDrafterConfig:
     # the shared store is what a serving engine has and a single request lacks: on by default
     suffix: SuffixConfig = field(default_factory=lambda: SuffixConfig(shared=True))
     planner: PlannerConfig = field(default_factory=PlannerConfig)
-    # a chain stops before its first node less likely than this to be accepted: on this CPU a
-    # verified token costs vLLM little next to a forward (a 135M model reads its weights once per
-    # step), so a low bar; raise it where each token sent is dear
-    min_chance: float = 0.05
+    # a chain stops before its first node less likely than this to be accepted: a low bar, since
+    # on this CPU a token verified costs vLLM a small part of a forward (a 135M model reads its
+    # weights once per step); raise it where each token sent is dear
+    min_chance: float = 0.02
     max_nodes: int = 64  # candidate nodes of the tree a chain is chosen from
 
     def __post_init__(self):
@@ -215,28 +215,35 @@ class TokenDrafter:
         gets no draft."""
         self.stats["calls"] += 1
         previous, self.live = self.live, {}
-        claimed: set[int] = set()
-        drafts: list[list[int]] = []
+        claimed: dict[int, _Request] = {}  # id -> request continued by a row of this call
+        found: list[Optional[_Request]] = []
         for i, sampled in enumerate(sampled_token_ids):
+            req = None
+            if len(sampled):
+                n, row = int(num_tokens_no_spec[i]), token_ids_cpu[i]
+                req = previous.get(i)
+                if req is None or id(req) in claimed or not self._continues(req, row, n):
+                    req = next((r for r in previous.values()
+                                if id(r) not in claimed and self._continues(r, row, n)), None)
+                if req is not None:
+                    claimed[id(req)] = req
+            found.append(req)
+        # no row continues them: finished, and into the shared store before this call drafts
+        for req in {id(r): r for r in previous.values() if id(r) not in claimed}.values():
+            self._end(req)
+        drafts: list[list[int]] = []
+        for i, (sampled, req) in enumerate(zip(sampled_token_ids, found)):
             if not len(sampled):
                 drafts.append([])
                 continue
-            n = int(num_tokens_no_spec[i])
-            row = token_ids_cpu[i]
-            req = previous.get(i)
-            if req is None or id(req) in claimed or not self._continues(req, row, n):
-                req = next((r for r in previous.values() if id(r) not in claimed and self._continues(r, row, n)),
-                           None)
+            n, row = int(num_tokens_no_spec[i]), token_ids_cpu[i]
             if req is None:
                 req = self._new(row, n, len(sampled))
             else:
                 self._extend(req, row, n)
-            claimed.add(id(req))
             self.live[i] = req
             depth = min(self.k, self.max_model_len - n)  # no draft reaches past the model's length
             drafts.append(self.draft(req, depth) if depth > 0 else [])
-        for req in {id(r): r for r in previous.values() if id(r) not in claimed}.values():
-            self._end(req)  # no row continues it: finished
         return drafts
 
 
