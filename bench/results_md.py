@@ -37,6 +37,10 @@ RUNS = [
      "task, one round (no --repeats: each speedup is one run's ratio, so read differences under about 10% "
      "as noise). The product-form table was re-tuned on the quiet machine just before (a table tuned under "
      "load had halved `ar`'s speed in an earlier run that day)."),
+    ("bench/results/2026-11-26-cpu-vllm/results.json",
+     "vLLM beside ours (--compare-vllm), one thread for both engines, one prompt per task, one round, on a "
+     "shared machine (load average about 4-5 on 2 cores before and after): read the ratios as indicative. "
+     "Every vLLM output equalled vLLM plain's and our ar's."),
 ]
 HEADER_KEYS = ("date", "command", "device", "dtype", "kernel", "versions", "max_new_tokens", "batch_size",
                "sampling", "repeats", "step planner", "cuda graphs", "step cost", "model loads", "vllm", "vllm loads")
