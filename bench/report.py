@@ -169,6 +169,8 @@ def markdown(records: list[dict], header: dict, methods: list[str], tasks: list[
             lines.append(f"| {m} | " + " | ".join(_fmt(r) for r in ratios)
                          + f" | {_fmt(sum(got) / len(got) if got else None)} |")
         lines.append("")
+    if any(m.startswith("vllm") for m in methods):
+        lines += vllm_section(records, methods)
     return "\n".join(lines)
 
 
@@ -191,6 +193,63 @@ def phase_summary(records: list[dict]) -> dict[str, dict]:
         per["steps"] = t["steps"]
         out[m] = per
     return out
+
+
+VLLM_BUILT_IN = ("vllm-ngram", "vllm-suffix")
+
+
+def vllm_section(records: list[dict], methods: list[str]) -> list[str]:
+    """vLLM beside ours (bench/run.py --compare-vllm) on the prompt turns vLLM ran (first turns),
+    every method pooled over them, and the ratios the comparison is about."""
+    turns = {r["id"] for r in records if r["method"] == "vllm"}
+    if not turns:
+        return []
+    same = [r for r in records if r["id"] in turns]
+    s = {m: x for (m, t), x in summarize(same).items() if t == "all"}
+    ident = {}
+    for m in methods:
+        got = [r["identical_to_vllm"] for r in same if r["method"] == m and r.get("identical_to_vllm") is not None]
+        ident[m] = sum(got) / len(got) if got else None
+    plain = s.get("vllm", {}).get("tok_s")
+    lines = ["### vLLM on the same prompts", "",
+             f"The {len(turns)} first turns vLLM ran (later turns follow each engine's own answers), every method "
+             "pooled over them. identical: greedy output equal to vLLM plain's, and to our ar's. Load time and "
+             "memory: the header's model loads and vllm loads lines; peak MiB here is the largest of a prompt's.", "",
+             "| method | tokens/s | over vLLM plain | tau | identical to vLLM plain | identical to our ar "
+             "| peak MiB |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for m in methods:
+        x = s.get(m)
+        if x is None:
+            continue
+        over = x["tok_s"] / plain if plain else None
+        lines.append(f"| {m} | {_fmt(x['tok_s'], '.1f')} | {_fmt(over)} | {_fmt(x['tau'])} "
+                     f"| {'-' if ident.get(m) is None else _fmt(ident[m], '.0%')} "
+                     f"| {'-' if x['identical'] is None else _fmt(x['identical'], '.0%')} "
+                     f"| {_fmt(x['peak_mem_mib'], '.0f')} |")
+    lines.append("")
+
+    def best(names, key):
+        got = [(s[n][key], n) for n in names if n in s and s[n][key] == s[n][key]]
+        return max(got) if got else (None, None)
+
+    checks = []
+    ours_in = s.get("vllm-specdec")
+    b_tau, b_tau_m = best(VLLM_BUILT_IN, "tau")
+    b_rate, b_rate_m = best(VLLM_BUILT_IN, "tok_s")
+    if ours_in and b_tau:
+        checks.append(f"our drafter inside vLLM: tau {ours_in['tau'] / b_tau:.2f}x vLLM's best built-in "
+                      f"({b_tau_m}), tokens/s {ours_in['tok_s'] / b_rate:.2f}x ({b_rate_m}); identical to vLLM "
+                      f"plain: {_fmt(ident.get('vllm-specdec'), '.0%')}")
+    if "ar" in s and plain:
+        checks.append(f"our ar: tokens/s {s['ar']['tok_s'] / plain:.2f}x vLLM plain")
+    ours = [m for m in methods if m in s and m != "ar" and not m.startswith(("vllm", "hf"))]
+    o_rate, o_m = best(ours, "tok_s")
+    if o_rate and b_rate:
+        checks.append(f"our best speculative method ({o_m}): tokens/s {o_rate / b_rate:.2f}x vLLM's best "
+                      f"speculative ({b_rate_m})")
+    if checks:
+        lines += [f"- {c}" for c in checks] + [""]
+    return lines
 
 
 def planner_summary(records: list[dict]) -> dict[str, dict]:

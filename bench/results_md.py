@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report import _fmt, summarize  # noqa: E402
+from bench.report import _fmt, summarize, vllm_section  # noqa: E402
 
 OUT = ROOT / "bench" / "RESULTS.md"
 
@@ -37,9 +37,13 @@ RUNS = [
      "task, one round (no --repeats: each speedup is one run's ratio, so read differences under about 10% "
      "as noise). The product-form table was re-tuned on the quiet machine just before (a table tuned under "
      "load had halved `ar`'s speed in an earlier run that day)."),
+    ("bench/results/2026-11-26-cpu-vllm/results.json",
+     "vLLM beside ours (--compare-vllm), one thread for both engines, one prompt per task, one round, on a "
+     "shared machine (load average about 4-5 on 2 cores before and after): read the ratios as indicative. "
+     "Every vLLM output equalled vLLM plain's and our ar's."),
 ]
 HEADER_KEYS = ("date", "command", "device", "dtype", "kernel", "versions", "max_new_tokens", "batch_size",
-               "sampling", "repeats", "step planner", "cuda graphs", "step cost")
+               "sampling", "repeats", "step planner", "cuda graphs", "step cost", "model loads", "vllm", "vllm loads")
 
 
 def load(rel: str) -> dict:
@@ -98,7 +102,7 @@ def run_section(rel: str, note: str) -> list[str]:
                           ("speedup", "Speedup over `ar`, whole turn (prefill included)")):
         lines += [f"{title}:", ""] + _table(s, methods, cols, lambda x, k=metric: _fmt(None if x is None else x[k]))
     lines += ["Share of greedy outputs identical to `ar`:", ""] + _table(s, methods, cols, _identical)
-    return lines
+    return lines + vllm_section(records, methods)  # nothing without vLLM records
 
 
 def render() -> str:

