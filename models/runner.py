@@ -102,6 +102,19 @@ class ModelRunner:
     def free(self, seq_id: int) -> None:
         self.cache.free(seq_id)
 
+    def warm_up_commit(self) -> None:
+        """Run one commit that moves K/V (a step of 3 tokens keeping rows 0 and 2) on a scratch
+        sequence, then free it: on a GPU the compaction kernel compiles here (one variant serves
+        every width, kernels/kv_ops.py) instead of inside the first timed step that accepts a
+        non-contiguous path."""
+        sid = max(self.seq_ids, default=0) + 1
+        self.add_sequence(sid)
+        try:
+            self.step([StepInput(sid, [0, 0, 0], parents=[-1, 0, 0])])
+            self.commit({sid: [0, 2]})
+        finally:
+            self.free(sid)
+
     def has_sequence(self, seq_id: int) -> bool:
         return seq_id in self.cache.lengths
 

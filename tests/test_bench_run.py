@@ -447,13 +447,18 @@ RECORDS = [{"messages": [{"role": "user", "content": "x" * 30}], "next_turns": [
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_warm_up_runs_every_method_and_on_a_gpu_the_longest_prefill(device, monkeypatch):
     """Before anything is timed: every method on the shortest prompt; on a GPU also ar on the
-    longest (Triton compiles a long prefill's kernels on first use); graphs only when asked."""
+    longest and on a batch of the longest (Triton compiles a long prefill's kernels on first
+    use) and a K/V-moving commit; graphs only when asked."""
     from bench.loop import Bench
+    from models.runner import ModelRunner
 
     fake, calls = _fake_bench(device, graphs=False)
     fake._warm_up_graphs = lambda records: pytest.fail("graphs warmed up without --cuda-graphs")
+    runner = SimpleNamespace(warm_up_commit=lambda: calls.append("commit"))
+    monkeypatch.setattr(ModelRunner, "for_batch", staticmethod(lambda model, prompts, new: runner))
     Bench._warm_up(fake, RECORDS)
-    want = [(m, [12], 4, 1) for m in fake.methods] + ([("ar", [50], 2, 1)] if device == "cuda" else [])
+    want = [(m, [12], 4, 1) for m in fake.methods] + (
+        [("ar", [50], 2, 1), ("ar", [30, 50], 2, 1), "commit"] if device == "cuda" else [])
     assert calls == want
     calls.clear()
     Bench._warm_up(fake, [])
@@ -473,10 +478,13 @@ def test_graph_warm_up_sizes_the_runner_for_the_longest_conversation(monkeypatch
         seen.append((batch, longest, new))
         return dict(captured=18, seconds=1.5, cache_tokens=4096, failed=None)
     monkeypatch.setattr(ModelRunner, "warm_up_shared", staticmethod(warm))
+    monkeypatch.setattr(ModelRunner, "for_batch", staticmethod(
+        lambda model, prompts, new: SimpleNamespace(warm_up_commit=lambda: calls.append("commit"))))
     fake._warm_up_graphs = lambda records: Bench._warm_up_graphs(fake, records)
     Bench._warm_up(fake, RECORDS)
     assert seen == [(2, 61, 10)]  # 30 + (10 + 5 + 16): the two-turn conversation outgrows the 50-token prompt
-    assert fake.graph_warm_up["captured"] == 18 and calls[-1] == ("ar", [50], 2, 1)
+    assert fake.graph_warm_up["captured"] == 18 and calls[-3:] == [("ar", [50], 2, 1), ("ar", [30, 50], 2, 1),
+                                                                   "commit"]
     seen.clear()
     Bench._warm_up_graphs(fake, RECORDS[:1] + [{"messages": [{"role": "user", "content": "x" * 40}],
                                                 "next_turns": ["q" * 20, "q" * 20]}])

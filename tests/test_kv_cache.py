@@ -114,3 +114,16 @@ def test_a_step_given_by_parents_is_the_step_given_by_its_mask():
                                                          {"parents": tree.parents}))
         outs.append(torch.cat(runner.step([StepInput(1, [5, 6, 7]), step])))
     assert torch.equal(outs[0], outs[1])
+
+
+def test_warm_up_commit_moves_kv_on_a_scratch_sequence_and_frees_it(monkeypatch):
+    """The bench's warm-up commit runs the compaction once and leaves the runner as it was."""
+    runner = ours_from_hf(tiny_hf_model("llama"), cache_tokens=48, block_size=4)
+    runner.add_sequence(0)
+    free_before = len(runner.cache.free_blocks)
+    backend, moved = runner.model.backend, []
+    compact = backend.kv_compact
+    monkeypatch.setattr(backend, "kv_compact", lambda *a: moved.append(a[-2].tolist()) or compact(*a))
+    runner.warm_up_commit()
+    assert moved == [[[0, 2]]]
+    assert runner.seq_ids == [0] and len(runner.cache.free_blocks) == free_before
