@@ -120,24 +120,26 @@ def markdown(records: list[dict], header: dict, methods: list[str], tasks: list[
             lines.append(f"| {m} | " + " | ".join(_fmt(s.get((m, t), {}).get(metric)) for t in cols) + " |")
         lines.append("")
     plans = planner_summary(records)
+    phases = phase_summary(records)
     if plans:
         lines += ["### step planner (all tasks)", "",
                   "Predicted: expected new tokens per predicted forward time, over a one-token step's; "
                   "measured: tokens/s over ar. Forward time predicted from the measured step-cost curve "
                   "(plus, for a draft model, the time its own forwards took); "
-                  "measured step time includes the host's work.", "",
+                  "measured step time includes the host's work; forward: the measured forward alone "
+                  "(the step clock's), against the curve's prediction.", "",
                   "| method | query tokens / sequence step | expected tokens / step | predicted ms / step "
-                  "| measured ms / step | predicted speedup | measured speedup |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+                  "| measured ms / step | forward ms / step | predicted speedup | measured speedup |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for m in methods:
             p = plans.get(m)
             if p is None:
                 continue
             lines.append(f"| {m} | {_fmt(p['step_tokens'], '.1f')} | {_fmt(p['expected_tokens'])} "
                          f"| {_fmt(p['predicted_ms'], '.1f')} | {_fmt(p['measured_ms'], '.1f')} "
+                         f"| {_fmt(phases.get(m, {}).get('forward'), '.1f')} "
                          f"| {_fmt(p['predicted_speedup'])} | {_fmt(s.get((m, 'all'), {}).get('speedup'))} |")
         lines.append("")
-    phases = phase_summary(records)
     if phases:
         from decoding.stats import PHASES
 

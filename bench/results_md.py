@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report import _fmt, summarize, vllm_section  # noqa: E402
+from bench.report import _fmt, phase_summary, summarize, vllm_section  # noqa: E402
 
 OUT = ROOT / "bench" / "RESULTS.md"
 
@@ -102,7 +102,27 @@ def run_section(rel: str, note: str) -> list[str]:
                           ("speedup", "Speedup over `ar`, whole turn (prefill included)")):
         lines += [f"{title}:", ""] + _table(s, methods, cols, lambda x, k=metric: _fmt(None if x is None else x[k]))
     lines += ["Share of greedy outputs identical to `ar`:", ""] + _table(s, methods, cols, _identical)
-    return lines + vllm_section(records, methods)  # nothing without vLLM records
+    return lines + phase_lines(records, methods) + vllm_section(records, methods)  # each empty without its records
+
+
+def phase_lines(records: list[dict], methods: list[str]) -> list[str]:
+    """Where a decoding step's time goes, per method (runs recorded with ``step_phases``)."""
+    from decoding.stats import PHASES
+
+    ph = phase_summary(records)
+    if not ph:
+        return []
+    host = [p for p in PHASES if p != "forward"]
+    lines = ["Where a decoding step's time goes, ms per step over all tasks (`decoding.stats.StepClock`; forward: "
+             "the model's forward up to the device's end of it, the rest host work):", "",
+             "| method | forward | " + " | ".join(host) + " | host | host share |",
+             "|---|---:|" + "---:|" * len(host) + "---:|---:|"]
+    for m in methods:
+        p = ph.get(m)
+        if p is not None:
+            lines.append(f"| {m} | {_fmt(p['forward'])} | " + " | ".join(_fmt(p[h]) for h in host)
+                         + f" | {_fmt(p['host'])} | {_fmt(p['host'] / (p['host'] + p['forward']), '.0%')} |")
+    return lines + [""]
 
 
 def render() -> str:

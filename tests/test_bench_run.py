@@ -284,6 +284,9 @@ def test_results_split_each_batchs_steps_into_phases(specbench_run):
     md = (out / "results.md").read_text()
     assert "### where a decoding step's time goes" in md
     assert next(line for line in md.splitlines() if line.startswith("| pld | " + str(steps) + " | "))
+    # the step planner's table sets the measured forward beside the curve's prediction
+    row = next(line for line in md.splitlines() if line.startswith("| pld | ") and line.count("|") == 9)
+    assert row.split("|")[6].strip() == f"{got['pld']['forward']:.1f}"
 
 
 def test_a_run_replays_the_step_cost_curve_of_another(specbench_run, tmp_path):
