@@ -455,7 +455,17 @@ def test_warm_up_runs_every_method_and_on_a_gpu_the_longest_prefill(device, monk
     from bench.loop import Bench
     from models.runner import ModelRunner
 
+    from decoding import prompt_lookup
+
     fake, calls = _fake_bench(device, graphs=False)
+    host = prompt_lookup.HOST_SEARCH_TOKENS
+    timed = fake.timed
+    searched = []  # the host-search threshold each warm-up call ran under
+
+    def record(name, prompts, new, repeats):
+        searched.append(prompt_lookup.HOST_SEARCH_TOKENS)
+        timed(name, prompts, new, repeats)
+    fake.timed = record
     fake._warm_up_graphs = lambda records: pytest.fail("graphs warmed up without --cuda-graphs")
     runner = SimpleNamespace(warm_up_commit=lambda: calls.append("commit"))
     monkeypatch.setattr(ModelRunner, "for_batch", staticmethod(lambda model, prompts, new: runner))
@@ -463,6 +473,8 @@ def test_warm_up_runs_every_method_and_on_a_gpu_the_longest_prefill(device, monk
     want = [(m, [12], 4, 1) for m in fake.methods] + (
         [("ar", [50], 2, 1), ("ar", [30, 50], 2, 1), "commit"] if device == "cuda" else [])
     assert calls == want
+    # on a GPU the methods' warm-up runs the n-gram search on the device (its kernel compiles there)
+    assert searched[:3] == [0 if device == "cuda" else host] * 3 and prompt_lookup.HOST_SEARCH_TOKENS == host
     calls.clear()
     Bench._warm_up(fake, [])
     assert calls == []
