@@ -364,7 +364,8 @@ def shift_conditional(law: torch.Tensor, depth: int, tv: float, shape: str) -> t
     mass moved into the least likely live token), "top" (out of the most likely token, spread
     over the others in proportion), "spread" (towards uniform over the live tokens)."""
     length = law.dim()
-    prefix = law.sum(dim=tuple(range(depth, length)), keepdim=True)  # P(x_1 .. x_depth)
+    # P(x_1 .. x_depth) (summing over no dimension at all would sum over every one in torch)
+    prefix = law.sum(dim=tuple(range(depth, length)), keepdim=True) if depth < length else law
     head = law.sum(dim=tuple(range(depth - 1, length)), keepdim=True)  # P(x_1 .. x_{depth-1})
     cond = torch.where(head > 0, prefix / head.clamp_min(1e-300), 0.0)  # P(x_depth | before)
     rest = torch.where(prefix > 0, law / prefix.clamp_min(1e-300), 0.0)  # law of the tokens after

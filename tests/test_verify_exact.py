@@ -11,8 +11,24 @@ two sampling settings (plain temperature; temperature with top-k and top-p both 
 * sampled: N_SAMPLES sequences of 5 tokens generated with real seeded generators, several steps
   each, tested per depth (each token given its prefix, at most 5 cells per prefix) and as a
   joint, Bonferroni over the 6 tests at ALPHA = 1e-3. Measured with tests/sampling_power.py
-  (PYTHONPATH=. python tests/sampling_power.py; single-threaded, minutes), at N_SAMPLES:
-  MEASURED
+  (PYTHONPATH=. python tests/sampling_power.py --null-runs 5000 --runs 300 --mutant-runs 3;
+  single-threaded, ~15 min), at N_SAMPLES = 12000, 3% total-variation shifts:
+
+  ====================================  ===================  =====================
+  per run                               t1                   t0.9-topk4-topp0.85
+  ====================================  ===================  =====================
+  false failures (5000 null runs)       0.0006 (CI .0002-    0.0016 (CI .0008-.0032):
+                                        .0018)               ABOVE the 1e-3 target
+  token 1 shifted (cell / top / spread)  1.00 / 0.997 / 1.00  1.00 / 1.00 / 1.00
+  token 3 shifted (cell / top / spread)  1.00 / 0.59 / 0.997  0.97 / 0.91 / 0.96
+  joint (one cell / spread)             1.00 / 0.997         1.00 / 1.00
+  mutants (3 runs each)                 3/3 caught each
+  ====================================  ===================  =====================
+
+  Not yet met: the false-failure rate of the cut setting (the chi-square approximation is
+  anti-conservative on its small cells) and a depth-3 shift out of the top token in t1 (0.59).
+  The token-5 shift was not measured (the script's shift had a bug, fixed since). So these
+  sampled tests are ``slow`` and the exact tests above are the default guard.
 """
 
 import pytest
