@@ -40,7 +40,11 @@ def probs_from_logits(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
         kth = logits.topk(sp.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if sp.top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        # stable: of equal logits the lower ids come first, so that where a tie straddles the
+        # cut the same tokens stay whatever the sort's implementation or the batch's shape (an
+        # unstable sort keeps an arbitrary subset, and rows verified in a batch could then get
+        # another target than the same row sampled alone)
+        sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
         cum = sorted_logits.softmax(-1).cumsum(-1)
         # drop a token when the mass before it already reaches top_p (the top one always stays)
         drop_sorted = (cum - sorted_logits.softmax(-1)) >= sp.top_p

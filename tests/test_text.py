@@ -157,3 +157,53 @@ def test_cli_stop_as_the_readme_writes_it(smol):
     assert "finish: stop" in err.getvalue(), err.getvalue()
     text = out.getvalue()[:-1]  # the CLI ends the answer with one newline
     assert "\n" in text and "\n\n" not in text and not text.endswith("\n")
+
+
+# --- the text layer's hold-back, with a byte-level fake tokenizer (no model) -------------------
+
+class ByteTokenizer:
+    """Token i is one byte: 0..127 ASCII, 195 and 169 the two bytes of 'é' (0xC3 0xA9)."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(i for i in ids if i != 0).decode("utf-8", errors="replace")
+
+
+def test_detokenizer_holds_back_an_incomplete_utf8_character():
+    from decoding.text import _Detokenizer
+
+    d = _Detokenizer(ByteTokenizer(), eos={0})
+    assert d.push([ord("c"), ord("a"), ord("f")]) == "caf"
+    assert d.push([0xC3]) == "" and d.text == "caf"  # half of 'é': nothing goes out yet
+    assert d.push([0xA9, ord("!")]) == "é!" and d.text == "café!"
+    assert d.push([0]) == ""  # EOS never reaches the text
+    assert d.text == "café!"
+
+
+def test_stop_prefix_holds_back_what_may_begin_a_stop_string():
+    from decoding.text import _stop_prefix
+
+    assert _stop_prefix("abc\n", ["\n\n"]) == 1  # a newline that may be the first of "\n\n"
+    assert _stop_prefix("abc", ["\n\n"]) == 0
+    assert _stop_prefix("say EN", ["END", "ENOUGH"]) == 2  # the longest end that begins one
+    assert _stop_prefix("xE", ["END", "E"]) == 1
+    assert _stop_prefix("", ["END"]) == 0
+
+
+def test_stop_string_spanning_tokens_and_an_accepted_draft(gen, ar_answer):
+    """A stop string made of the end of one token and the start of the next (and reached inside
+    one step's accepted tokens, with pld): the text is cut before it, the stream never shows a
+    character of it, and the pieces add up to the text."""
+    tok = gen.tokenizer
+    ids = ar_answer.token_ids[:-1]
+    pieces = [tok.decode(ids[:i], skip_special_tokens=True) for i in range(len(ids) + 1)]
+    # a boundary between two tokens of at least 2 characters each, past the first few tokens
+    i = next(i for i in range(4, len(ids) - 1) if len(pieces[i]) - len(pieces[i - 1]) >= 2
+             and len(pieces[i + 1]) - len(pieces[i]) >= 2)
+    stop = pieces[i][-2:] + pieces[i + 1][len(pieces[i]):len(pieces[i]) + 2]
+    full = ar_answer.text
+    assert stop in full
+    streamed = []
+    r = gen.generate(QUESTION, "pld", max_new_tokens=48, stop=stop, plan=False,
+                     stream=lambda j, p: streamed.append(p))[0]
+    assert r.finish_reason == "stop" and r.text == full[:full.find(stop)]
+    assert "".join(streamed) == r.text

@@ -126,11 +126,29 @@ def test_recursive_rejection_residuals(scripted):
 
 
 def test_recursive_rejection_emits_p_exactly():
-    """Exact distribution of the first emitted token, integrating over the uniforms."""
-    # P(token 0) = .5; P(token 1) = (1 - .5) * .3/.5 = .3; P(token 2) = .2: exactly P_ROOT
-    p0, p1 = P_ROOT[0], P_ROOT[1] / (1 - P_ROOT[0])
-    first = torch.tensor([p0, (1 - p0) * p1, (1 - p0) * (1 - p1), 0.0])
-    assert torch.allclose(first, P_ROOT)
+    """The exact law of what verify_sampling emits, through its own code over every branch of its
+    randomness (tests/sampling_stats.py): the first token follows P_ROOT (P(0) = .5 by accepting
+    child 0; P(1) = .5 * .3/.5 by accepting child 1 after it; P(2) = .2 as the bonus), and after
+    an accepted child the next token follows that child's distribution."""
+    from sampling_stats import enumerate_law
+
+    t = tree_two_children()
+    probs = {0: P_ROOT, 1: P_1, 2: torch.tensor([0.0, 0.0, 0.0, 1.0]), 3: torch.tensor([0.0, 0.5, 0.5, 0.0])}
+
+    def emitted():
+        path, bonus = verify_sampling(t, probs, None)
+        return tuple(t.tokens[n] for n in path[1:]) + (bonus,)
+
+    law = enumerate_law(emitted)
+    first = torch.zeros(4, dtype=torch.float64)
+    for out, p in law.items():
+        first[out[0]] += p
+    torch.testing.assert_close(first, P_ROOT.double())
+    after_0 = {out[1]: p / 0.5 for out, p in law.items() if out[0] == 0}  # node 1 accepted: P_1 next
+    assert after_0 == pytest.approx({0: 0.1, 1: 0.1, 2: 0.1, 3: 0.7})
+    after_1 = {out[1]: p / 0.3 for out, p in law.items() if out[0] == 1}  # node 3 accepted: its own law
+    assert after_1 == pytest.approx({1: 0.5, 2: 0.5})
+    assert sum(law.values()) == pytest.approx(1.0)
 
 
 def test_draft_model_rule(scripted):

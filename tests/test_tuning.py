@@ -209,12 +209,36 @@ def test_step_cost_grows_with_each_sequences_committed_length():
     assert StepCost([1, 16], [10.0, 25.0], 2.0, 256)([16], [4096]) == 25.0  # no long curve: no term
 
 
-def test_measured_step_cost_has_a_long_context_curve(tiny):
-    from models.cost import LONG_GRID, measure_step_cost
+def _fake_forward_clock(monkeypatch, model, ms):
+    """A fake clock under models.cost: each forward of the model takes ``ms(T, longest context)``."""
+    import types
 
-    c = measure_step_cost(tiny, context=32, reps=1)
-    assert c.long_context == 128 and c.long_tokens == list(LONG_GRID) and len(c.long_ms) == len(LONG_GRID)
-    assert c([4], [128]) == pytest.approx(c._interp(c.long_tokens, c.long_ms, 4)) or c.attention_slope(4) == 0
+    import models.cost as cost
+
+    clock = [0.0]
+    monkeypatch.setattr(cost, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    forward = model.forward
+
+    def timed_forward(tokens, meta, *args, **kwargs):
+        clock[0] += 1e-3 * ms(tokens.numel(), int(meta.context_lens.max()))
+        return forward(tokens, meta, *args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", timed_forward)
+    return cost
+
+
+def test_measured_step_cost_has_a_long_context_curve(tiny, monkeypatch):
+    """A step of T tokens takes T ms over the short prefix (32) and 2T + 2 ms over the long one
+    (128): the long curve is measured there and a step's prediction moves linearly between them
+    with the committed length."""
+    from models.cost import LONG_GRID
+
+    cost = _fake_forward_clock(monkeypatch, tiny, lambda T, ctx: T + (T + 2 if ctx >= 100 else 0))
+    c = cost.measure_step_cost(tiny, context=32, reps=1)
+    assert c.long_context == 128 and c.long_tokens == list(LONG_GRID)
+    assert c.long_ms == pytest.approx([2.0 * T + 2 for T in LONG_GRID])
+    assert c([4], [32]) == pytest.approx(4.0) and c([4], [128]) == pytest.approx(10.0)
+    assert c([4], [80]) == pytest.approx(7.0) and c([16], [128]) == pytest.approx(34.0)
 
 
 def test_step_cost_cache(tiny, tmp_path):
@@ -322,11 +346,15 @@ def test_drift_rule_rejects_what_it_cannot_judge():
         drifted(c, {1: 10.0}, tol=0.0)
 
 
-def test_measured_step_cost_is_a_non_decreasing_curve(tiny):
-    from models.cost import measure_step_cost
-
-    c = measure_step_cost(tiny, context=16, reps=1)
-    assert c.tokens[0] == 1 and all(b >= a > 0 for a, b in zip(c.ms, c.ms[1:])) and c.per_seq_ms >= 0
+def test_measured_step_cost_is_a_non_decreasing_curve(tiny, monkeypatch):
+    """Timings that fall as the step grows (an 8-token step timed at 2 ms, after 6 ms for 6
+    tokens) are lifted to the largest time of any smaller step: the curve never falls, and is
+    otherwise what was measured."""
+    cost = _fake_forward_clock(monkeypatch, tiny, lambda T, ctx: 2.0 if T == 8 else float(T))
+    c = cost.measure_step_cost(tiny, context=16, reps=1)
+    assert c.tokens == list(cost.GRID)
+    assert c.ms == pytest.approx([6.0 if T == 8 else float(T) for T in cost.GRID])
+    assert c.per_seq_ms == pytest.approx(0.0)  # one-token steps of b sequences take b ms: no extra per sequence
 
 
 def test_measured_step_cost_drops_a_transient(tiny, monkeypatch):
