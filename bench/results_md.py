@@ -23,6 +23,17 @@ OUT = ROOT / "bench" / "RESULTS.md"
 
 # (results.json relative to the repository, what a reader must know about that run)
 RUNS = [
+    ("bench/results/2026-11-26-h200-phases/results.json",
+     "The session's last GPU run, two interleaved rounds. No transformers rows here: see the earlier H200 run "
+     "below. In bf16 a verification step of many rows rounds differently from a one-row step, so few outputs "
+     "equal `ar`'s; the fp32 run below is the losslessness check. What the run directory holds: its NOTES.md."),
+    ("bench/results/2026-11-26-h200-phases/fp32/results.json",
+     "The same code in fp32, one round: every method's greedy output is identical to `ar`'s."),
+    ("bench/results/2026-11-26-h200-phases/batch4/results.json",
+     "Batches of 4 prompts of one task (--batch-size 4 --limit 4), bf16, one round. pld and lookahead+pld paid "
+     "a Triton compile of the n-gram kernel inside their summarization steps (fixed since in the warm-up, not "
+     "re-run). The same command with the code before this session's fixes: results/2026-11-26-h200-phases/"
+     "batch4-before/."),
     ("bench/results/2026-11-26-h200/results.json",
      "The speedups of the whole turn (first table) are distorted on summarization and qa: a Triton compile of "
      "the long prefill landed inside `ar`'s timed run (the warm-up prefills the longest prompt since; not run "
