@@ -48,6 +48,12 @@ RUNS = [
      "task, one round (no --repeats: each speedup is one run's ratio, so read differences under about 10% "
      "as noise). The product-form table was re-tuned on the quiet machine just before (a table tuned under "
      "load had halved `ar`'s speed in an earlier run that day)."),
+    ("bench/results/2026-11-26-cpu-batch8/results.json",
+     "Batches of 8 prompts of one task (--batch-size 8 --limit 8), fp32, one round, on the quiet machine. No "
+     "method gains: at 8 rows a forward is already past the CPU's compute knee (a batch step of 8 one-token "
+     "sequences took 36 ms against 21 ms for one token), and the planner predicted each step's forward about "
+     "25-35% below what it measured (the step-planner table of its results.md), so it sent drafts that did not "
+     "pay. Every output identical to `ar`'s. Texts and token ids removed from the JSON."),
     ("bench/results/2026-11-26-cpu-vllm/results.json",
      "vLLM beside ours (--compare-vllm), one thread for both engines, one prompt per task, one round, on a "
      "shared machine (load average about 4-5 on 2 cores before and after): read the ratios as indicative. "
