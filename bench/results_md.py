@@ -51,8 +51,8 @@ RUNS = [
     ("bench/results/2026-11-26-cpu-batch8/results.json",
      "Batches of 8 prompts of one task (--batch-size 8 --limit 8), fp32, one round, on the quiet machine. No "
      "method gains: at 8 rows a forward is already past the CPU's compute knee (a batch step of 8 one-token "
-     "sequences took 36 ms against 21 ms for one token), and the planner predicted each step's forward about "
-     "25-35% below what it measured (the step-planner table of its results.md), so it sent drafts that did not "
+     "sequences took 36 ms against 21 ms for one token), and the planner predicted each step's forward 21-32% "
+     "below what it measured (the step-planner table of its results.md), so it sent drafts that did not "
      "pay. Every output identical to `ar`'s. Texts and token ids removed from the JSON."),
     ("bench/results/2026-11-26-cpu-vllm/results.json",
      "vLLM beside ours (--compare-vllm), one thread for both engines, one prompt per task, one round, on a "
