@@ -1,0 +1,57 @@
+"""The decoding flags reach the proposer and the sampler they name, from the command line
+(`python -m decoding`) and from the benchmark (`bench/run.py`): parsed, then built by the same
+functions the two entry points call (decoding.options.build_proposer / sampling_of)."""
+
+import pytest
+
+from decoding.hybrid import Hybrid
+from decoding.lookahead import LookaheadPLD
+from decoding.options import build_proposer, sampling_of
+from decoding.prompt_lookup import PromptLookup
+
+FLAGS = ["--lookahead", "5,4,3", "--pld", "2,6", "--pld-candidates", "2"]
+
+
+def _parsers():
+    import bench.run as bench_run
+    from decoding import cli
+
+    return {"cli": lambda extra: cli.parse_args(["a prompt"] + extra),
+            "bench": lambda extra: bench_run.parse_args(extra)}
+
+
+@pytest.mark.parametrize("entry", ["cli", "bench"])
+def test_draft_flags_reach_the_proposers(entry):
+    args = _parsers()[entry](FLAGS)
+    pld = build_proposer("pld", args)
+    assert isinstance(pld, PromptLookup)
+    assert (pld.cfg.max_ngram, pld.cfg.num_draft, pld.cfg.num_candidates) == (2, 6, 1)  # pld: one candidate
+    la = build_proposer("lookahead+pld", args)
+    assert isinstance(la, LookaheadPLD)
+    assert (la.cfg.window, la.cfg.ngram, la.cfg.guesses) == (5, 4, 3)
+    assert (la.cfg.pld.max_ngram, la.cfg.pld.num_draft, la.cfg.pld.num_candidates) == (2, 6, 2)
+    hy = build_proposer("hybrid", args)
+    assert isinstance(hy, Hybrid)
+    assert (hy.cfg.window, hy.cfg.ngram, hy.cfg.guesses) == (5, 4, 3)
+    assert (hy.cfg.pld.max_ngram, hy.cfg.pld.num_draft, hy.cfg.pld.num_candidates) == (2, 6, 2)
+    # the defaults differ from the flags above: the flags, not the defaults, were read
+    default = build_proposer("lookahead+pld", _parsers()[entry]([]))
+    assert (default.cfg.window, default.cfg.pld.num_draft, default.cfg.pld.num_candidates) != (5, 6, 2)
+
+
+@pytest.mark.parametrize("entry", ["cli", "bench"])
+def test_sampling_flags_reach_the_sampler(entry):
+    parse = _parsers()[entry]
+    sp = sampling_of(parse(["--temperature", "0.7", "--top-k", "20", "--top-p", "0.9", "--seed", "5"]))
+    assert (sp.temperature, sp.top_k, sp.top_p, sp.seed) == (0.7, 20, 0.9, 5) and not sp.greedy
+    greedy = sampling_of(parse(["--seed", "5"]))
+    assert greedy.greedy and greedy.seed is None  # a seed means nothing without a temperature
+
+
+@pytest.mark.parametrize("flag, value", [("--lookahead", "5,4"), ("--pld", "0,6"), ("--pld-candidates", "0"),
+                                         ("--top-p", "1.5"), ("--temperature", "-1")])
+@pytest.mark.parametrize("entry", ["cli", "bench"])
+def test_bad_draft_and_sampling_flags_are_refused_by_name(entry, flag, value, capsys):
+    with pytest.raises(SystemExit):
+        _parsers()[entry]([flag, value])
+    assert flag in capsys.readouterr().err
