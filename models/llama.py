@@ -266,23 +266,31 @@ class Transformer(nn.Module):
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
         """Load weights named as in Hugging Face ``LlamaForCausalLM`` (q/k in HF's rotary layout)."""
         sd = {k.removeprefix("model."): v for k, v in sd.items()}
-        own = {"embed.weight": sd.pop("embed_tokens.weight"), "norm": sd.pop("norm.weight")}
+        cfg = self.cfg
+
+        def take(name: str) -> torch.Tensor:
+            if name not in sd:
+                raise ValueError(f"the checkpoint has no tensor model.{name}: a {cfg.architecture} of "
+                                 f"{cfg.num_layers} layers needs it (a truncated or partial checkpoint, or one of "
+                                 "another architecture than its config says?)")
+            return sd.pop(name)
+
+        own = {"embed.weight": take("embed_tokens.weight"), "norm": take("norm.weight")}
         if self.lm_head is not None:
-            own["lm_head.weight"] = sd.pop("lm_head.weight")
+            own["lm_head.weight"] = take("lm_head.weight")
         else:
             sd.pop("lm_head.weight", None)
-        for i in range(self.cfg.num_layers):
+        for i in range(cfg.num_layers):
             p = f"layers.{i}."
             a = p + "self_attn."
-            own[p + "attn_norm"] = sd.pop(p + "input_layernorm.weight")
-            own[p + "mlp_norm"] = sd.pop(p + "post_attention_layernorm.weight")
-            own[p + "wqkv.weight"] = torch.cat([sd.pop(a + f"{x}_proj.weight") for x in "qkv"])
-            if self.cfg.qkv_bias:
-                own[p + "wqkv.bias"] = torch.cat([sd.pop(a + f"{x}_proj.bias") for x in "qkv"])
-            own[p + "wo.weight"] = sd.pop(a + "o_proj.weight")
-            own[p + "w_gate_up.weight"] = torch.cat([sd.pop(p + "mlp.gate_proj.weight"),
-                                                     sd.pop(p + "mlp.up_proj.weight")])
-            own[p + "w_down.weight"] = sd.pop(p + "mlp.down_proj.weight")
+            own[p + "attn_norm"] = take(p + "input_layernorm.weight")
+            own[p + "mlp_norm"] = take(p + "post_attention_layernorm.weight")
+            own[p + "wqkv.weight"] = torch.cat([take(a + f"{x}_proj.weight") for x in "qkv"])
+            if cfg.qkv_bias:
+                own[p + "wqkv.bias"] = torch.cat([take(a + f"{x}_proj.bias") for x in "qkv"])
+            own[p + "wo.weight"] = take(a + "o_proj.weight")
+            own[p + "w_gate_up.weight"] = torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
+            own[p + "w_down.weight"] = take(p + "mlp.down_proj.weight")
         leftover = [k for k in sd if not k.endswith("rotary_emb.inv_freq")]
         if leftover:
             raise ValueError(f"unexpected weights in checkpoint: {leftover[:5]}{' ...' if len(leftover) > 5 else ''}")

@@ -9,6 +9,9 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import os
+import shutil
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import NamedTuple, Optional
@@ -164,23 +167,37 @@ def _load_gguf(path: Path, cache_dir: Path):
     from transformers import AutoTokenizer
 
     entry = cache_dir / f"{path.stem}-{_cache_key(path)}"
-    done = entry / "done"
-    if done.is_file():
-        cfg = ModelConfig(**json.loads((entry / "config.json").read_text()))
-        sd = load_file(str(entry / "model.safetensors"))
-        rope_factors = sd.pop("rope_factors", None)
-        tok = AutoTokenizer.from_pretrained(str(entry / "tokenizer"))
-        return cfg, sd, rope_factors, tok
+    if (entry / "done").is_file():
+        try:
+            cfg = ModelConfig(**json.loads((entry / "config.json").read_text()))
+            sd = load_file(str(entry / "model.safetensors"))
+            rope_factors = sd.pop("rope_factors", None)
+            tok = AutoTokenizer.from_pretrained(str(entry / "tokenizer"))
+            return cfg, sd, rope_factors, tok
+        except Exception as e:  # noqa: BLE001 -- whatever broke the cache, the GGUF file is the truth
+            warnings.warn(f"the conversion cache {entry} of {path.name} is unreadable ({type(e).__name__}: "
+                          f"{str(e)[:200]}); converting the file again")
+            shutil.rmtree(entry, ignore_errors=True)
     reader, meta = _open_gguf(path)
     cfg = ModelConfig.from_gguf(meta, {t.name for t in reader.tensors})
     sd, rope_factors = _gguf_state_dict(reader, cfg)
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    entry.mkdir(parents=True, exist_ok=True)
+    # written beside the entry and renamed into place whole: an interrupted write leaves no entry
+    # that looks complete
+    tmp = entry.with_name(entry.name + f".partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
     tosave = dict(sd) if rope_factors is None else {**sd, "rope_factors": rope_factors}
-    save_file({k: v.contiguous() for k, v in tosave.items()}, str(entry / "model.safetensors"))
-    (entry / "config.json").write_text(json.dumps(asdict(cfg)))
-    tok.save_pretrained(str(entry / "tokenizer"))
-    done.write_text(str(path))
+    save_file({k: v.contiguous() for k, v in tosave.items()}, str(tmp / "model.safetensors"))
+    (tmp / "config.json").write_text(json.dumps(asdict(cfg)))
+    tok.save_pretrained(str(tmp / "tokenizer"))
+    (tmp / "done").write_text(str(path))
+    if entry.exists() and not (entry / "done").is_file():  # a half-written entry of an older version
+        shutil.rmtree(entry, ignore_errors=True)
+    try:
+        tmp.replace(entry)
+    except OSError:  # another process put its conversion there first: keep that one
+        shutil.rmtree(tmp, ignore_errors=True)
     return cfg, sd, rope_factors, tok
 
 
@@ -194,7 +211,10 @@ def load_tokenizer(model: Optional[str] = None, cache_dir: Path | str = DEFAULT_
         return AutoTokenizer.from_pretrained(str(path))
     entry = Path(cache_dir) / f"{path.stem}-{_cache_key(path)}"
     if (entry / "done").is_file():
-        return AutoTokenizer.from_pretrained(str(entry / "tokenizer"))
+        try:
+            return AutoTokenizer.from_pretrained(str(entry / "tokenizer"))
+        except Exception:  # noqa: BLE001 -- an unreadable cache: the file itself (load_model rebuilds the cache)
+            pass
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
 

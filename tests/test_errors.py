@@ -169,3 +169,39 @@ def test_transformers_needs_accelerate_to_load_gguf(monkeypatch):
     path = default_model_path()
     with pytest.raises(ValueError, match="accelerate is required when loading a GGUF file"):
         AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+def test_a_checkpoint_missing_a_tensor_names_it():
+    """Not a raw KeyError: which tensor, and what needs it."""
+    from models.loader import from_hf
+
+    hf = tiny_hf_model("llama")
+    sd = hf.state_dict()
+    del sd["model.layers.1.self_attn.o_proj.weight"]
+    hf.state_dict = lambda: sd
+    with pytest.raises(ValueError, match=r"no tensor model\.layers\.1\.self_attn\.o_proj\.weight: a llama of 2 layers"):
+        from_hf(hf)
+
+
+@pytest.mark.parametrize("damage", ["truncate weights", pytest.param("bad config", marks=pytest.mark.slow),
+                                    pytest.param("no tokenizer", marks=pytest.mark.slow)])
+def test_a_corrupt_conversion_cache_is_rebuilt(tmp_path, damage):
+    """A cache entry marked done but unreadable is converted again from the GGUF (with a warning),
+    and the model loads as from a fresh cache."""
+    import torch
+
+    cache = tmp_path / "cache"
+    model, _ = load_model(str(default_model_path()), cache_dir=cache, tune=False)
+    (entry,) = [p for p in cache.iterdir() if (p / "done").is_file()]
+    if damage == "truncate weights":
+        w = entry / "model.safetensors"
+        w.write_bytes(w.read_bytes()[:1000])
+    elif damage == "bad config":
+        (entry / "config.json").write_text("{")
+    else:
+        shutil.rmtree(entry / "tokenizer")
+    with pytest.warns(UserWarning, match="unreadable"):
+        again, tok = load_model(str(default_model_path()), cache_dir=cache, tune=False)
+    assert torch.equal(again.embed.weight, model.embed.weight) and tok is not None
+    assert [p.name for p in cache.iterdir()] == [entry.name] and (entry / "done").is_file()
+    load_model(str(default_model_path()), cache_dir=cache, tune=False)  # the rebuilt entry reads back
