@@ -110,6 +110,37 @@ def test_tiny_greedy_lossless_both_backends(kernel, name):
     assert all(len(o) == 14 for o in ref)  # no EOS configured: max_new_tokens is exact
 
 
+SAMPLED = SamplingParams(temperature=0.8, top_k=8, top_p=0.95, seed=4)
+
+
+@pytest.mark.parametrize("name", ["hybrid", "jacobi"])
+def test_sampling_on_the_triton_backend_draws_what_the_torch_backend_draws(name):
+    """The Triton kernels (interpreted here) feed the same verifiers: with the same seeds, 14
+    sampled tokens per prompt equal the torch backend's (their logits differ by rounding only,
+    far below where a draw could fall on the other side of a boundary)."""
+    got = {k: outputs(generate(tiny_model(k), TINY_PROMPTS, proposer(name, tiny_model(k), small=True),
+                               max_new_tokens=14, sampling=SAMPLED, eos_token_ids=()))
+           for k in ("torch", "triton")}
+    assert got["torch"] == got["triton"] and all(len(o) == 14 for o in got["torch"])
+    plain = outputs(generate(tiny_model("torch"), TINY_PROMPTS, max_new_tokens=14, sampling=SAMPLED, eos_token_ids=()))
+    assert plain != got["torch"]  # the method drew its own way (the check is not ar against itself)
+
+
+@pytest.mark.parametrize("name", ["pld", "lookahead+pld", "recycle", "suffix", "hybrid"])
+def test_a_sampled_sequence_stops_at_an_eos_inside_its_steps(tiny_torch, name):
+    """Sampling with drafts: making a token of the output an EOS cuts the output just after its
+    first occurrence (finish reason eos), whether it came as an accepted draft or a bonus."""
+    prompts = repetitive_prompts(tiny_torch)
+    free = generate(tiny_torch, prompts, make_proposer(name), max_new_tokens=20, sampling=SAMPLED, eos_token_ids=())
+    for i, r in enumerate(free):
+        out = r.output_ids
+        eos = out[len(out) // 2]
+        cut = out[:out.index(eos) + 1]
+        again = generate(tiny_torch, prompts, make_proposer(name), max_new_tokens=20, sampling=SAMPLED,
+                         eos_token_ids=(eos,))
+        assert again[i].output_ids == cut and again[i].finish_reason == "eos", (name, i)
+
+
 # ---- effectiveness: drafts that plain decoding cannot have -----------------------------------------
 @pytest.fixture(scope="module")
 def tiny_torch():
