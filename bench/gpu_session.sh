@@ -34,7 +34,8 @@ if step tests; then
     # TEST_FILES narrows the list; with pytest-xdist installed the tests run in TEST_WORKERS
     # processes (Triton's cold compiles are host work, one core each)
     FILES=${TEST_FILES:-tests/test_kernel_ngram_match.py tests/test_kernel_kv_ops.py tests/test_kernel_tree_attention.py
-        tests/test_kernel_norm.py tests/test_kernel_elementwise.py tests/test_graphs.py tests/test_kernel_compile.py}
+        tests/test_kernel_norm.py tests/test_kernel_elementwise.py tests/test_graphs.py tests/test_kernel_compile.py
+        tests/test_kernel_checks.py}
     XDIST=""
     $PY -c "import xdist" 2>/dev/null && XDIST="-n ${TEST_WORKERS:-8}"
     # shellcheck disable=SC2086

@@ -5,6 +5,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import checks
+
 
 def kv_store_ref(
     k_cache: torch.Tensor,  # (num_blocks, block_size, n_kv_heads, head_dim), or with a leading num_layers
@@ -186,7 +188,8 @@ def kv_store(
 ) -> None:
     """Triton version of ``kv_store_ref``. Grid: (T_total, num_layers, row chunks).
     k / v may be strided views (stride(-1) == 1); another float dtype is cast to the cache's.
-    Slots must be < num_blocks * block_size (not checked: that would need a host sync)."""
+    Slots must be < num_blocks * block_size: checked on a CPU, and on a GPU under
+    SPECDEC_CHECK_VALUES=1 (kernels/checks.py: a host sync)."""
     _check_caches(k_cache, v_cache)
     dev = k_cache.device
     want = k_cache.dim() - 1
@@ -210,6 +213,9 @@ def kv_store(
     T_total = k.shape[-3]
     if slot_mapping.numel() != T_total:
         raise ValueError(f"slot_mapping must have T_total = {T_total} entries, got {slot_mapping.numel()}")
+    if checks.wanted(slot_mapping):  # on a GPU only under SPECDEC_CHECK_VALUES=1 (a host sync)
+        n_slots = k_cache.shape[-4] * k_cache.shape[-3]
+        checks.in_range("slot_mapping", slot_mapping, -1, n_slots, f"-1 skips, the cache has {n_slots} slots")
     if k.dtype != k_cache.dtype:
         # Rare (the model stores in its own dtype); torch's cast rounds exactly as the reference's,
         # while Triton's interpreter truncates fp32 -> bf16.
@@ -254,9 +260,20 @@ def kv_compact(
         raise ValueError(f"context_lens ({context_lens.numel()}), accept_idx rows ({accept_idx.shape[0]}) and "
                          f"accept_counts ({accept_counts.numel()}) must all equal B = block_tables rows = {B}")
     kc, vc = _as_5d(k_cache), _as_5d(v_cache)
-    num_layers, _, block_size, n_kv, head_dim = kc.shape
+    num_layers, num_blocks, block_size, n_kv, head_dim = kc.shape
     if B == 0 or accept_idx.shape[1] == 0 or num_layers == 0:
         return
+    if checks.wanted(accept_idx):  # on a GPU only under SPECDEC_CHECK_VALUES=1 (a host sync)
+        A = accept_idx.shape[1]
+        checks.in_range("accept_counts", accept_counts, 0, A + 1, f"at most A = {A} accepted")
+        checks.in_range("context_lens", context_lens, 0, 2**31 - 1, "committed tokens")
+        needed = []
+        for b, (row, n, c) in enumerate(zip(accept_idx.tolist(), accept_counts.tolist(), context_lens.tolist())):
+            if any(x < 0 for x in row[:n]) or any(y <= x for x, y in zip(row[:n], row[1:n])):
+                raise ValueError(f"accept_idx row {b}: its first {n} entries must be increasing step indices >= 0, "
+                                 f"got {row[:n]}")
+            needed.append(-(-(c + row[n - 1] + 1) // block_size) if n else 0)
+        checks.block_tables("block_tables", block_tables, needed, num_blocks)
     row = n_kv * head_dim
     block = _row_block(row)
     grid = (B, num_layers, triton.cdiv(row, block))

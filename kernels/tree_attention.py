@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import checks
 from kernels.mask import unpack_mask
 
 MAX_MASK_WORDS = 32  # step masks cover at most 32 * 32 = 1024 step tokens
@@ -439,6 +440,12 @@ def tree_attention(
     """
     _check_attention_args(q, k_cache, v_cache, cu_seqlens_q, positions, block_tables, context_lens,
                           mask, causal, sliding_window, max_seqlen_q, out)
+    if checks.wanted(q):  # the values: on a GPU only under SPECDEC_CHECK_VALUES=1 (a host sync)
+        cu = checks.offsets("cu_seqlens_q", cu_seqlens_q, q.shape[0])
+        checks.in_range("context_lens", context_lens, 0, 2**31 - 1, "committed tokens")
+        bs = k_cache.shape[1]
+        needed = [-(-(c + e - s) // bs) for c, s, e in zip(context_lens.tolist(), cu, cu[1:])]
+        checks.block_tables("block_tables", block_tables, needed, k_cache.shape[0])
     if num_kv_splits is not None and (not isinstance(num_kv_splits, int) or not 1 <= num_kv_splits <= MAX_SPLITS):
         raise ValueError(f"num_kv_splits must be None or an int in [1, {MAX_SPLITS}], got {num_kv_splits!r}")
     T_total, n_heads, head_dim = q.shape
