@@ -55,3 +55,50 @@ def test_bad_draft_and_sampling_flags_are_refused_by_name(entry, flag, value, ca
     with pytest.raises(SystemExit):
         _parsers()[entry]([flag, value])
     assert flag in capsys.readouterr().err
+
+
+def test_cli_text_flags_reach_the_generator(monkeypatch):
+    """--stop (its escapes decoded), --no-chat-template, --method and the sampling flags reach
+    TextGenerator.generate as the CLI calls it (the model stubbed: no load)."""
+    from types import SimpleNamespace
+
+    from decoding import cli
+    from decoding.text import TextGenerator
+
+    seen = {}
+
+    class Gen:
+        chat_template = True
+        cache_dir = None
+        tokenizer = None
+        model = SimpleNamespace(cfg=SimpleNamespace(max_position_embeddings=1000))
+
+        def encode(self, prompt):
+            return [1, 2, 3]
+
+        def generate(self, prompt, proposer, **kw):
+            seen.update(kw, prompt=prompt, proposer=proposer, chat_template=self.chat_template)
+            stats = SimpleNamespace(forwards=1, accepted_hist={1: 1})
+            return [SimpleNamespace(token_ids=[5], stats=stats, finish_reason="stop")]
+
+    monkeypatch.setattr(TextGenerator, "load", classmethod(lambda cls, *a, **k: Gen()))
+    monkeypatch.setattr(cli, "planner_for", lambda *a, **k: None)
+    import io
+    assert cli.main(["a prompt", "--stop", r"\n\n", "--stop", "END", "--no-chat-template", "--method", "pld",
+                     "--pld", "2,5", "--temperature", "0.5", "--seed", "3", "--max-new-tokens", "9"],
+                    out=io.StringIO(), err=io.StringIO()) == 0
+    assert seen["stop"] == ["\n\n", "END"] and seen["chat_template"] is False and seen["prompt"] == "a prompt"
+    assert seen["proposer"].name == "pld" and seen["proposer"].cfg.num_draft == 5
+    assert seen["max_new_tokens"] == 9 and seen["sampling"].temperature == 0.5 and seen["sampling"].seed == 3
+
+
+def test_bench_tasks_and_split_choose_the_prompts():
+    import bench.run as bench_run
+
+    recs = bench_run.load_records(bench_run.parse_args(["--tasks", "code,qa", "--split", "dev", "--limit", "2"]))
+    assert {r["task"] for r in recs} == {"code", "qa"} and len(recs) == 4
+    from bench.data.suite import load_suite
+    dev = {r["id"] for r in load_suite(tasks=["code", "qa"], split="dev")}
+    assert {r["id"] for r in recs} <= dev
+    test = bench_run.load_records(bench_run.parse_args(["--tasks", "code", "--limit", "1"]))
+    assert test[0]["id"] not in dev  # the default split is test
