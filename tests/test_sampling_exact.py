@@ -22,6 +22,7 @@ from decoding.planner import Planner, PlannerConfig
 from decoding.prompt_lookup import PromptLookupConfig
 from decoding.sampling import SamplingParams, probs_from_logits
 from helpers import ours_from_hf, tiny_hf_model
+from test_sampling_reference import reference_probs
 from models.runner import StepInput
 
 V = 6
@@ -51,7 +52,9 @@ def exact_joint(model, sp: SamplingParams) -> torch.Tensor:
         runner = ModelRunner.for_batch(model, [prefix], 1)
         runner.add_sequence(0)
         logits = runner.step([StepInput(0, prefix, logits_rows=[len(prefix) - 1])])[0]
-        return probs_from_logits(logits, sp)[0].double()
+        # the target from the independent float64 reference, not from the code under test
+        return torch.tensor(reference_probs(logits[0].double().tolist(), sp.temperature, sp.top_k, sp.top_p),
+                            dtype=torch.float64)
 
     joint = torch.zeros(V, V, V, dtype=torch.float64)
     p1 = dist(PROMPT)
