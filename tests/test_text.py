@@ -207,3 +207,24 @@ def test_stop_string_spanning_tokens_and_an_accepted_draft(gen, ar_answer):
                      stream=lambda j, p: streamed.append(p))[0]
     assert r.finish_reason == "stop" and r.text == full[:full.find(stop)]
     assert "".join(streamed) == r.text
+
+
+@pytest.mark.parametrize("method", ["pld", "suffix"])
+def test_a_sampled_answer_stops_at_a_stop_string_spanning_tokens(gen, method):
+    """With sampling (seeded) and drafts: the same answer cut before a stop string made of the
+    end of one token and the start of the next; the stream shows none of it."""
+    from decoding.sampling import SamplingParams
+
+    sp = SamplingParams(temperature=0.7, top_k=20, seed=11)
+    free = gen.generate(QUESTION, method, max_new_tokens=48, sampling=sp, plan=False)[0]
+    tok, ids = gen.tokenizer, free.token_ids[:-1]
+    pieces = [tok.decode(ids[:i], skip_special_tokens=True) for i in range(len(ids) + 1)]
+    i = next(i for i in range(4, len(ids) - 1) if len(pieces[i]) - len(pieces[i - 1]) >= 2
+             and len(pieces[i + 1]) - len(pieces[i]) >= 2)
+    stop = pieces[i][-2:] + pieces[i + 1][len(pieces[i]):len(pieces[i]) + 2]
+    assert stop in free.text
+    streamed = []
+    r = gen.generate(QUESTION, method, max_new_tokens=48, sampling=sp, stop=stop, plan=False,
+                     stream=lambda j, p: streamed.append(p))[0]
+    assert r.finish_reason == "stop" and r.text == free.text[:free.text.find(stop)]
+    assert "".join(streamed) == r.text
