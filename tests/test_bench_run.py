@@ -580,3 +580,34 @@ def test_compare_vllm_flags_checked_before_loading(flags, message, capsys):
     with pytest.raises(SystemExit):
         main(["--methods", "pld", "--compare-vllm"] + flags)
     assert message in capsys.readouterr().err
+
+
+def test_batch_size_groups_the_prompts_of_one_task():
+    """--batch-size 2: each timed call decodes at most 2 prompts, all of one task, every prompt
+    once per method."""
+    from bench.loop import Bench
+    from bench.measure import Measured
+
+    asked = []
+
+    def timed(name, prompts, max_new, repeats):
+        if max_new == 5:  # not the warm-up's short calls
+            asked.append((name, [p[-1] for p in prompts]))
+        return [(Measured([{"output_ids": [1], "forwards": 1, "stats": None, "step_tokens": None,
+                            "finish_reason": "length", "accept_lengths": []}] * len(prompts),
+                          [1.0], [0.1] * len(prompts), 1.0, 0.0), i) for i in range(len(prompts))]
+
+    b = Bench.__new__(Bench)
+    b.args = SimpleNamespace(max_new_tokens=5, batch_size=2, repeats=1)
+    b.methods, b.hf_methods, b.skipped, b.sp = ["ar", "pld"], set(), [], SimpleNamespace(greedy=True)
+    b.model = SimpleNamespace(cfg=SimpleNamespace(max_position_embeddings=10_000))
+    b.encode = lambda msgs: [len(msgs[0]["content"])]  # a prompt's last id tells which record it is
+    b.text = lambda ids: "x"
+    b.timed = timed
+    recs = [{"id": str(n), "question_id": n, "task": task, "messages": [{"role": "user", "content": "q" * n}],
+             "next_turns": []} for n, task in ((1, "code"), (2, "qa"), (3, "code"), (4, "code"))]
+    out = b.run(recs)
+    assert len(out) == 8 and all(r["identical_to_ar"] for r in out)
+    for m in ("ar", "pld"):
+        batches = [p for name, p in asked if name == m]
+        assert batches == [[1, 3], [4], [2]]  # code's three prompts in batches of 2, then qa's
