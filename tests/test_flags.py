@@ -102,3 +102,19 @@ def test_bench_tasks_and_split_choose_the_prompts():
     assert {r["id"] for r in recs} <= dev
     test = bench_run.load_records(bench_run.parse_args(["--tasks", "code", "--limit", "1"]))
     assert test[0]["id"] not in dev  # the default split is test
+
+
+def test_the_draft_model_reaches_the_draft_proposers():
+    """What --draft-model loads is the model the draft and draft+pld proposers run (the CLI and
+    the bench both pass it to build_proposer); without one, a clear error."""
+    from decoding.draft import DraftModel, DraftPLD
+    from decoding.cli import parse_args
+
+    args = parse_args(["a prompt", "--pld", "2,6"])  # (--method draft would need --draft-model at parse time)
+    draft = object()
+    d = build_proposer("draft", args, draft)
+    assert isinstance(d, DraftModel) and d.draft is draft
+    dp = build_proposer("draft+pld", args, draft)
+    assert isinstance(dp, DraftPLD) and dp.draft is draft and (dp.pld.max_ngram, dp.pld.num_draft) == (2, 6)
+    with pytest.raises(ValueError, match="needs --draft-model"):
+        build_proposer("draft", args, None)
