@@ -91,6 +91,8 @@ def generate(
         inputs.fail("proposer", proposer, "a Proposer (make_proposer(NAME)) or None")
     if sampling is not None and not isinstance(sampling, SamplingParams):
         inputs.fail("sampling", sampling, "a SamplingParams (e.g. SamplingParams(temperature=0.7, seed=0)) or None")
+    if step_clock is not None and not isinstance(step_clock, StepClock):
+        inputs.fail("step_clock", step_clock, "a decoding.stats.StepClock or None")
     sampling = sampling or SamplingParams()
     eos = set(model.cfg.eos_token_ids if eos_token_ids is None else eos_token_ids)
     check_prompts(prompts, max_new_tokens, model.cfg.max_position_embeddings, model.cfg.vocab_size)

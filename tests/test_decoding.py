@@ -304,6 +304,8 @@ def test_step_clock_splits_every_step_into_its_phases(tiny_torch, monkeypatch):
     assert per["propose"] > 0 and per["verify"] > 0
     assert per["host"] == pytest.approx(sum(per[p] for p in PHASES if p != "forward"))
     assert sum(clock.ms.values()) < wall  # the prefill is not a step
+    with pytest.raises(ValueError, match="step_clock must be a decoding.stats.StepClock or None"):
+        generate(tiny_torch, TINY_PROMPTS, max_new_tokens=2, step_clock={})
 
 
 # ---- proposers without a model, configurations ----------------------------------------------------
