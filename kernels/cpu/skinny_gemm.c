@@ -42,10 +42,45 @@ typedef __m512 vec;
 /* an empty asm statement: the compiler must hold v in a register rather than fold its load into
  * each FMA (32 registers leave room for a tile's rows of W) */
 #define KEEP_IN_REGISTER(v) __asm__("" : "+v"(v))
-/* the 16 lanes: the two halves added, then the AVX2 build's 8-lane sum */
-static inline float vsum(__m512 v) {
-    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
+/* The lane sums of 16 accumulators a[0..15] into out[0..15], all at once: four levels of
+ * cross-vector shuffles and adds (15 adds and 30 shuffles for 16 sums, where one vector at a
+ * time takes about 9 instructions per sum, a sixth of a 4 x 6 tile's work at K = 576). Every
+ * lane is summed in the one fixed order of a single 16-lane sum: lanes i + (i + 8), then
+ * + (i + 4), then (0 + 2) + (1 + 3), i.e. the two 256-bit halves added, then the AVX2
+ * build's hsum8; so which accumulators share a call changes no result. */
+static inline __m512 halves2(__m512 a, __m512 b) { /* [a.lo256 + a.hi256 | b.lo256 + b.hi256] */
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+static inline __m512 quarters4(__m512 ab, __m512 cd) { /* 128-bit lane k: accumulator k's 4 partial sums */
+    return _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+static inline __m512 pairs8(__m512 s1, __m512 s2) { /* lane k: [s1_0+s1_2, s1_1+s1_3, s2_0+s2_2, s2_1+s2_3] */
+    return _mm512_add_ps(_mm512_shuffle_ps(s1, s2, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(s1, s2, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+static inline void vsum16(const __m512 *a, float *out) {
+    const __m512 t1 = pairs8(quarters4(halves2(a[0], a[1]), halves2(a[2], a[3])),
+                             quarters4(halves2(a[4], a[5]), halves2(a[6], a[7])));
+    const __m512 t2 = pairs8(quarters4(halves2(a[8], a[9]), halves2(a[10], a[11])),
+                             quarters4(halves2(a[12], a[13]), halves2(a[14], a[15])));
+    /* 128-bit lane k, slot j: accumulator k + 4 j */
+    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(t1, t2, _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(t1, t2, _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, r));
+}
+/* the sums of n accumulators (n a compile-time constant after inlining), 16 at a time; a last
+ * partial group repeats accumulators in its empty places (their sums are dropped) */
+static inline void vsums(const __m512 *a, int n, float *out) {
+    for (int g = 0; g < n; g += 16) {
+        __m512 grp[16];
+        float buf[16];
+        _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) grp[i] = a[g + (g + i < n ? i : 0)];
+        vsum16(grp, buf);
+        for (int i = 0; i < 16 && g + i < n; i++) out[g + i] = buf[i];
+    }
 }
 #else
 typedef __m256 vec;
@@ -54,7 +89,9 @@ typedef __m256 vec;
 #define VLOAD _mm256_loadu_ps
 #define VFMA _mm256_fmadd_ps
 #define KEEP_IN_REGISTER(v) /* 16 registers: tiles of more than 3 rows of W fold them into the FMAs */
-#define vsum hsum8
+static inline void vsums(const __m256 *a, int n, float *out) {
+    for (int i = 0; i < n; i++) out[i] = hsum8(a[i]);
+}
 #endif
 
 /* R rows of x (from x, stride K) times the C rows of W in w[] -> y (stride N), columns n..n+nc-1 */
@@ -79,9 +116,8 @@ typedef __m256 vec;
                     acc[i][j] = VFMA(xv, wv[j], acc[i][j]);                                               \
             }                                                                                             \
         }                                                                                                 \
-        float sum[R][C]; /* constant indices above keep acc in registers */                              \
-        _Pragma("GCC unroll 8") for (int i = 0; i < R; i++)                                              \
-            _Pragma("GCC unroll 8") for (int j = 0; j < C; j++) sum[i][j] = vsum(acc[i][j]);              \
+        float sum[R][C];                                                                                  \
+        vsums(&acc[0][0], R * C, &sum[0][0]);                                                             \
         for (int i = 0; i < R; i++)                                                                       \
             for (int j = 0; j < nc; j++) {                                                                \
                 float s = sum[i][j];                                                                      \
