@@ -263,6 +263,27 @@ def measure(args) -> dict:
         step = timer(lambda: runner.step(inputs))
         return fwd, step, base_fwd, replay, replayed
 
+    def phases(inputs: list[StepInput]) -> Optional[dict]:
+        """Where one more forward's time goes (ms): the one-call layer stack's phases
+        (kernels/skinny.py stack_profile) and the rest of the forward (embedding, the step's
+        attention plan, the final norm and the logits product, Python); None where the stack
+        did not run (another device or dtype, a product not planned ``skinny``)."""
+        if device.type != "cpu":
+            return None
+        from kernels import skinny
+        if not skinny.available():
+            return None
+        tokens, meta, idx = runner.prepare(inputs)
+        with torch.inference_mode(), skinny.stack_profile() as ph:
+            t = time.perf_counter()
+            model(tokens, meta, runner.cache.k, runner.cache.v, idx)
+            wall = time.perf_counter() - t
+        if not any(ph.values()):
+            return None
+        out = {k: 1e3 * v for k, v in ph.items()}
+        out["outside"] = 1e3 * wall - sum(out.values())
+        return out
+
     decode = []
     bar = _progress((len(args.batch) + len(args.step_batch) * len(args.step_tokens)) * len(isas))
     for b in args.batch:
@@ -308,6 +329,9 @@ def measure(args) -> dict:
                                               + attention_flops(cfg, b * T, args.context + T), roof))
                 if replay is not None:
                     row.update(replay_ms=replay, replay_rel=replay / first[3], replayed=replayed)
+                split = phases(inputs)
+                if split is not None:
+                    row["stack_phases_ms"] = split
                 curve.append(row)
                 bar.update()
     bar.close()
@@ -368,6 +392,7 @@ def markdown(res: dict) -> str:
         lines.append(f"| {_b(r)} | {r['step_tokens']} | {r['forward_ms']:.3f} | {r['forward_rel']:.2f} | "
                      f"{r['baseline_ms']:.3f} | {r['baseline_rel']:.2f} | {r['step_ms']:.3f} | {r['step_rel']:.2f} |")
     lines += _roofline_table(res)
+    lines += _phase_table(res)
     if any("replay_ms" in r for r in res["decode"] + res["step_cost"]):
         g = h.get("graph_stats") or {}
         lines += ["", "## Replayed from CUDA graphs", "",
@@ -420,6 +445,29 @@ def _roofline_table(res: dict) -> list[str]:
         lines.append(f"| {r.get('isa') or 'active'} | {r['batch']} | {r['step_tokens']} | {r['forward_ms']:.2f} | "
                      f"{r['roofline_ms']:.2f} | {r['bound']} | {r['vs_roofline']:.2f} | {r['gflops']:.0f} | {share} |")
     return lines
+
+
+def _phase_table(res: dict) -> list[str]:
+    """ms per forward in each phase of the one-call layer stack (one more forward, profiled),
+    "outside" the rest of the forward (embedding, plan, final norm, logits product, Python)."""
+    rows = [r for r in res["step_cost"] if r.get("stack_phases_ms")]
+    if not rows:
+        return []
+    from kernels.skinny import STACK_PHASES
+    cols = list(STACK_PHASES) + ["outside"]
+    return (["", "## Where a forward's time goes (ms, the layer stack's phases, one profiled forward)", "",
+             "products: qkv, o, gate_up, down (all layers); outside: embedding, attention plan, final norm, logits "
+             "product, Python.", "",
+             "| build | batch | step tokens | " + " | ".join(cols) + " | products GFLOP/s |",
+             "|---|---:|---:|" + "---:|" * (len(cols) + 1)]
+            + [f"| {r.get('isa') or 'active'} | {r['batch']} | {r['step_tokens']} | "
+               + " | ".join(f"{r['stack_phases_ms'][c]:.2f}" for c in cols)
+               + f" | {_stack_gflops(res, r):.0f} |" for r in rows])
+
+
+def _stack_gflops(res: dict, r: dict) -> float:
+    ms = sum(r["stack_phases_ms"][c] for c in ("qkv", "o", "gate_up", "down"))
+    return res["header"]["layer_flops_per_row"] * r["batch"] * r["step_tokens"] / (ms * 1e-3) / 1e9 if ms else 0.0
 
 
 def chart(res: dict, path: Path) -> Optional[Path]:

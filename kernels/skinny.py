@@ -32,6 +32,7 @@ The library also measures the machine's roofline (``cpu/roofline.c``): the peak 
 ``read_bandwidth_gbs``; bench/model_speed.py reports steps against them).
 """
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -457,6 +458,29 @@ def layers_unchecked(h: torch.Tensor, layers, n_layers: int, step: StepArgs) -> 
     if rc != 0:
         raise MemoryError(f"skinny_layers could not allocate its buffers (T={step.T})")
     return h
+
+
+STACK_PHASES = ("norm", "qkv", "rope_kv", "attention", "o", "gate_up", "silu", "down", "add")  # cpu/skinny_layers.c
+
+
+@contextlib.contextmanager
+def stack_profile():
+    """Time the phases of every whole-stack call (``layers_unchecked``) made inside the block:
+    yields a dict, filled on exit, of seconds summed per phase of ``STACK_PHASES`` (products,
+    attention, elementwise ops) over all layers and calls. Off, the stack pays one branch per
+    phase; on, two clock reads."""
+    lib = _require()
+    on = ctypes.c_int.in_dll(lib, "skinny_profile_on")
+    acc = (ctypes.c_double * len(STACK_PHASES)).in_dll(lib, "skinny_profile")
+    for i in range(len(STACK_PHASES)):
+        acc[i] = 0.0
+    out: dict = {}
+    on.value = 1
+    try:
+        yield out
+    finally:
+        on.value = 0
+        out.update({name: acc[i] for i, name in enumerate(STACK_PHASES)})
 
 
 # ---- per-row argmax and top-k of a step's logits (cpu/skinny_reduce.c; kernels/rows.py decides) --

@@ -537,3 +537,36 @@ def test_topk_kernel_hands_back_a_k_it_does_not_take():
     lib = skinny._lib or skinny._load()
     assert lib.skinny_topk(x.data_ptr(), 2, 100, 100, 65, idx.data_ptr(), bad.data_ptr()) == 2
     assert bad.tolist() == [0, 1]
+
+
+def test_stack_profile_times_the_phases_of_whole_stack_calls(isa):
+    """Inside ``stack_profile`` each phase of the one-call stack is timed (products and attention
+    take time, the phases sum to at most the block's wall time); outside it nothing is added."""
+    import time
+
+    from helpers import ours_from_hf, tiny_hf_model
+    from models.runner import ModelRunner, StepInput
+
+    model = all_skinny(ours_from_hf(tiny_hf_model("llama", seed=7)).model)
+    runner = ModelRunner(model, cache_tokens=256)
+    runner.add_sequence(0)
+    runner.step([StepInput(0, list(range(3, 40)))])
+    runner.commit({0: list(range(37))})
+    runner.step([StepInput(0, [5, 6])])  # warm
+    t = time.perf_counter()
+    with skinny.stack_profile() as phases:
+        runner.step([StepInput(0, [7, 8, 9])])
+    wall = time.perf_counter() - t
+    assert set(phases) == set(skinny.STACK_PHASES)
+    assert all(v >= 0 for v in phases.values())
+    for name in ("qkv", "attention", "gate_up", "down"):
+        assert phases[name] > 0, name
+    assert sum(phases.values()) <= wall
+    import ctypes
+    raw = (ctypes.c_double * len(skinny.STACK_PHASES)).in_dll(skinny._lib, "skinny_profile")
+    before = list(raw)
+    runner.step([StepInput(0, [10])])  # after the block: the profile is off again
+    assert list(raw) == before
+    with skinny.stack_profile() as idle:  # a new block starts from zero
+        pass
+    assert all(v == 0 for v in idle.values())

@@ -99,6 +99,16 @@ def test_each_step_is_set_against_the_measured_roofline(tmp_path):
     # every point timed on each build, back to back
     assert [r["isa"] for r in res["step_cost"]] == isas * 6 and skinny.isa() == isas[-1]
     assert "## Against the roofline" in (tmp_path / "speed" / "model_speed.md").read_text()
+    # where the forward goes: the stack's phases and the rest add up to a forward's time
+    from kernels.skinny import STACK_PHASES
+    profiled = [r for r in res["step_cost"] if "stack_phases_ms" in r]  # where the tuner kept the one-call stack
+    assert profiled
+    for r in profiled:
+        split = r["stack_phases_ms"]
+        assert set(split) == set(STACK_PHASES) | {"outside"}
+        assert all(v >= 0 for v in split.values()) and split["qkv"] > 0 and split["attention"] > 0
+        assert sum(split.values()) < 20 * r["forward_ms"]  # one forward, not a sum over repetitions
+    assert "## Where a forward's time goes" in (tmp_path / "speed" / "model_speed.md").read_text()
 
 
 def test_bad_arguments_are_rejected():

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 void skinny_linear(const float *x, const float *W, const float *b, float *y, int64_t M, int64_t N, int64_t K,
                    int threads);
@@ -38,6 +39,27 @@ typedef struct { /* the step: shared by every layer */
     const uint8_t *const *seq_mask;    /* (n_seq,) (rows, keys) visibility or NULL */
 } skinny_step;
 
+/* Where a stack's time goes, for bench/model_speed.py: seconds summed per phase while
+ * skinny_profile_on is set (off: one branch per phase). */
+enum { P_NORM, P_QKV, P_ROPE_KV, P_ATTN, P_O, P_GATE_UP, P_SILU, P_DOWN, P_ADD, P_N };
+int skinny_profile_on = 0;
+double skinny_profile[P_N];
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+#define PHASE(p, ...)                                              \
+    do {                                                           \
+        if (skinny_profile_on) {                                   \
+            const double t0_ = now();                              \
+            __VA_ARGS__;                                           \
+            skinny_profile[p] += now() - t0_;                      \
+        } else {                                                   \
+            __VA_ARGS__;                                                  \
+        }                                                          \
+    } while (0)
+
 static void add_into(float *h, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) h[i] = h[i] + y[i];
 }
@@ -52,28 +74,33 @@ int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skin
     int rc = (x && y && qkv && o && gu && act) ? 0 : -1;
     for (int l = 0; l < n_layers && rc == 0; l++) {
         const skinny_layer *w = layers + l;
-        skinny_rms_norm(h, w->attn_norm, x, T, d, s->eps);
-        skinny_linear(x, w->wqkv, w->bqkv, qkv, T, nq, d, s->threads);
-        skinny_rope(qkv, s->cos, s->sin, T, nq, H + KV, D);
-        for (int t = 0; t < T; t++) {
-            if (s->slots[t] < 0) continue;
-            memcpy(w->k_cache + s->slots[t] * KV * D, qkv + t * nq + (int64_t)H * D, sizeof(float) * (size_t)(KV * D));
-            memcpy(w->v_cache + s->slots[t] * KV * D, qkv + t * nq + (int64_t)(H + KV) * D,
-                   sizeof(float) * (size_t)(KV * D));
-        }
-        for (int b = 0; b < s->n_seq && rc == 0; b++) {
-            const int r0 = s->seq_start[b], rn = s->seq_start[b + 1] - r0;
-            rc = skinny_attention(qkv + r0 * nq, nq, rn, H, KV, D, w->k_cache, w->v_cache, s->seq_blocks[b],
-                                  s->block_size, s->seq_len[b], s->seq_mask[b], 0, s->scale,
-                                  o + (int64_t)r0 * H * D, s->threads);
-        }
-        skinny_linear(o, w->wo, NULL, y, T, d, (int64_t)H * D, s->threads);
-        add_into(h, y, (int64_t)T * d);
-        skinny_rms_norm(h, w->mlp_norm, x, T, d, s->eps);
-        skinny_linear(x, w->w_gate_up, NULL, gu, T, 2 * (int64_t)I, d, s->threads);
-        skinny_silu_mul(gu, act, T, I);
-        skinny_linear(act, w->w_down, NULL, y, T, d, I, s->threads);
-        add_into(h, y, (int64_t)T * d);
+        PHASE(P_NORM, skinny_rms_norm(h, w->attn_norm, x, T, d, s->eps));
+        PHASE(P_QKV, skinny_linear(x, w->wqkv, w->bqkv, qkv, T, nq, d, s->threads));
+        PHASE(P_ROPE_KV, {
+            skinny_rope(qkv, s->cos, s->sin, T, nq, H + KV, D);
+            for (int t = 0; t < T; t++) {
+                if (s->slots[t] < 0) continue;
+                memcpy(w->k_cache + s->slots[t] * KV * D, qkv + t * nq + (int64_t)H * D,
+                       sizeof(float) * (size_t)(KV * D));
+                memcpy(w->v_cache + s->slots[t] * KV * D, qkv + t * nq + (int64_t)(H + KV) * D,
+                       sizeof(float) * (size_t)(KV * D));
+            }
+        });
+        PHASE(P_ATTN, {
+            for (int b = 0; b < s->n_seq && rc == 0; b++) {
+                const int r0 = s->seq_start[b], rn = s->seq_start[b + 1] - r0;
+                rc = skinny_attention(qkv + r0 * nq, nq, rn, H, KV, D, w->k_cache, w->v_cache, s->seq_blocks[b],
+                                      s->block_size, s->seq_len[b], s->seq_mask[b], 0, s->scale,
+                                      o + (int64_t)r0 * H * D, s->threads);
+            }
+        });
+        PHASE(P_O, skinny_linear(o, w->wo, NULL, y, T, d, (int64_t)H * D, s->threads));
+        PHASE(P_ADD, add_into(h, y, (int64_t)T * d));
+        PHASE(P_NORM, skinny_rms_norm(h, w->mlp_norm, x, T, d, s->eps));
+        PHASE(P_GATE_UP, skinny_linear(x, w->w_gate_up, NULL, gu, T, 2 * (int64_t)I, d, s->threads));
+        PHASE(P_SILU, skinny_silu_mul(gu, act, T, I));
+        PHASE(P_DOWN, skinny_linear(act, w->w_down, NULL, y, T, d, I, s->threads));
+        PHASE(P_ADD, add_into(h, y, (int64_t)T * d));
     }
     free(x);
     free(y);
