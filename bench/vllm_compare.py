@@ -6,9 +6,14 @@ method runs in a child process of that venv's python (this file, run as a script
 per method, its load time and the process's memory peak measured alone. The parent hands the
 child the prompts as token ids (the same ids our methods decode: no second tokenizer decides
 anything) and gets one record per prompt back. vLLM runs in-process in the child
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) on the parent's torch thread count (its OpenMP threads
-bound to the first cores), fp32, with the model converted to safetensors once
-(``decoding.vllm.vllm_model_folder``).
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) on the parent's torch thread count, fp32, with the model
+converted to safetensors once (``decoding.vllm.vllm_model_folder``). In-process nothing binds
+vLLM's threads (``VLLM_CPU_OMP_THREADS_BIND`` is read by its multiprocessing executor only), so
+the count rests on ``OMP_NUM_THREADS`` and on ``NUMBA_NUM_THREADS``: vLLM's n-gram proposer runs
+a numba ``parallel=True`` kernel, and numba's OpenMP layer starts by calling
+``omp_set_num_threads(NUMBA_NUM_THREADS)`` (default: every core) on the thread that runs the
+forwards, in the OpenMP runtime torch shares; left alone, the n-gram child's forwards ran on
+every core. The child refuses to report a run whose torch thread count moved.
 
 Counting as ours do: the child drives the engine one step at a time; a step is one forward of
 the target. The first step is the prefill (it brings the first token); ``forwards`` counts the
@@ -67,9 +72,11 @@ def run_method(method: str, prompts: list[list[int]], max_new_tokens: int, threa
 
     folder = vllm_model_folder(model)  # here: the main venv has gguf; converted once, cached
     job = {"method": method, "model": str(folder), "prompts": prompts, "max_new_tokens": max_new_tokens,
-           "speculative_config": speculative_config(method, k, pld)}
+           "speculative_config": speculative_config(method, k, pld), "threads": threads}
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}",
                VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), OMP_NUM_THREADS=str(threads),
+               # numba (vLLM's n-gram) would omp_set_num_threads(every core) on the forward's thread
+               NUMBA_NUM_THREADS=str(threads),
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), TRITON_INTERPRET="0")
     # vLLM's CPU guide preloads Intel OpenMP (shipped in its venv): without it speculative steps run far slower
     iomp = python.parent.parent / "lib" / "libiomp5.so"
@@ -204,12 +211,17 @@ def _child(job: dict) -> dict:
     prompts = job["prompts"]
     one(min(prompts, key=len), 4, "warm-up")  # first calls allocate and compile: not timed
     records = [one(p, job["max_new_tokens"], f"p{i}") for i, p in enumerate(prompts)]
+    if "threads" in job and torch.get_num_threads() != job["threads"]:
+        # something in the engine changed the OpenMP thread count (numba did, for n-gram): the
+        # times would not be on the threads the header names
+        raise RuntimeError(f"torch ran on {torch.get_num_threads()} threads after the runs, not the "
+                           f"{job['threads']} asked for: the times are not comparable")
     import vllm
     spec = llm.llm_engine.vllm_config.speculative_config
     return {"load": {"s": round(load_s, 2), "peak_mem_mib": round(peak), "rise_mib": round(rise)},
             "records": records,
-            "engine": f"vllm-cpu {vllm.__version__}, torch {torch.__version__}, threads "
-                      f"{os.environ.get('VLLM_CPU_OMP_THREADS_BIND')}, fp32"
+            "engine": f"vllm-cpu {vllm.__version__}, torch {torch.__version__}, {torch.get_num_threads()} "
+                      f"threads (unbound), fp32"
                       + (f", {spec!r}" if spec is not None else "")}
 
 
