@@ -32,7 +32,7 @@ import torch
 from models.linear import BUCKETS, STEP_ROWS, ProductPlan, pack, product
 from models.machine import device_name  # noqa: F401 -- also where callers found it
 
-VERSION = 5  # of the measurement, raised whenever it changes: caches of another version are measured again
+VERSION = 6  # of the measurement, raised whenever it changes: caches of another version are measured again
 AUTO_LIMIT = 2 << 30  # bytes of weights up to which "auto" keeps packed copies
 COLD_BYTES = 48 << 20  # weights cycled through per measurement (beyond the caches)
 Timer = Callable[[Callable[[], object], int], float]  # (fn, reps) -> fastest seconds of reps calls
@@ -43,12 +43,12 @@ Timer = Callable[[Callable[[], object], int], float]  # (fn, reps) -> fastest se
 # (kernels/cpu/skinny_layers.c), which saves the per-op dispatch: far more than a product 15%
 # slower costs (docs/DESIGN.md, "The CPU kernels").
 SKINNY_MARGIN = 1.15
-# Step buckets up to this many rows are also decided for the layer as a whole: a forward with
-# every layer product ``skinny`` (then the stack is one C call) against one with the forms
-# measured one by one, at STACK_CONTEXT keys; the faster wins. The per-product margin above
-# cannot see that one slower product (the gate/up product, measured alone) costs every layer
-# its dispatch savings.
-STACK_ROWS = 16
+# Step buckets (every one: up to STEP_ROWS rows) are also decided for the layer as a whole: a
+# forward with every layer product ``skinny`` (then the stack is one C call) against one with
+# the forms measured one by one, at STACK_CONTEXT keys; the faster wins. The per-product margin
+# above cannot see that one slower product (the gate/up product, measured alone, where oneDNN
+# won by more than the margin at 24-64 rows) costs every layer its dispatch savings.
+STACK_ROWS = STEP_ROWS
 STACK_CONTEXT = 256
 
 
