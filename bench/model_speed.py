@@ -264,22 +264,28 @@ def measure(args) -> dict:
         return fwd, step, base_fwd, replay, replayed
 
     def phases(inputs: list[StepInput]) -> Optional[dict]:
-        """Where one more forward's time goes (ms): the one-call layer stack's phases
-        (kernels/skinny.py stack_profile) and the rest of the forward (embedding, the step's
-        attention plan, the final norm and the logits product, Python); None where the stack
-        did not run (another device or dtype, a product not planned ``skinny``)."""
+        """Where a forward's time goes (ms), from the fastest of ``--reps`` more forwards: the
+        one-call layer stack's phases (kernels/skinny.py stack_profile) and the rest of the
+        forward (embedding, the step's attention plan, the final norm and the logits product,
+        Python); None where the stack did not run (another device or dtype, a product not
+        planned ``skinny``)."""
         if device.type != "cpu":
             return None
         from kernels import skinny
         if not skinny.available():
             return None
         tokens, meta, idx = runner.prepare(inputs)
-        with torch.inference_mode(), skinny.stack_profile() as ph:
-            t = time.perf_counter()
-            model(tokens, meta, runner.cache.k, runner.cache.v, idx)
-            wall = time.perf_counter() - t
-        if not any(ph.values()):
-            return None
+        best = None
+        for _ in range(args.reps):  # the split of the fastest of as many forwards as the timings take
+            with torch.inference_mode(), skinny.stack_profile() as ph:
+                t = time.perf_counter()
+                model(tokens, meta, runner.cache.k, runner.cache.v, idx)
+                wall = time.perf_counter() - t
+            if not any(ph.values()):
+                return None
+            if best is None or wall < best[0]:
+                best = (wall, ph)
+        wall, ph = best
         out = {k: 1e3 * v for k, v in ph.items()}
         out["outside"] = 1e3 * wall - sum(out.values())
         return out
@@ -455,7 +461,7 @@ def _phase_table(res: dict) -> list[str]:
         return []
     from kernels.skinny import STACK_PHASES
     cols = list(STACK_PHASES) + ["outside"]
-    return (["", "## Where a forward's time goes (ms, the layer stack's phases, one profiled forward)", "",
+    return (["", "## Where a forward's time goes (ms: the layer stack's phases, fastest profiled forward)", "",
              "products: qkv, o, gate_up, down (all layers); outside: embedding, attention plan, final norm, logits "
              "product, Python.", "",
              "| build | batch | step tokens | " + " | ".join(cols) + " | products GFLOP/s |",
