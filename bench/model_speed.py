@@ -225,6 +225,16 @@ def measure(args) -> dict:
     gen = torch.Generator().manual_seed(0)
     copy_gbs = copy_bandwidth(device, timer, args.copy_mb << 20)
     roof = roofline(device, dtype, timer, copy_gbs)
+    # On a CPU the read bandwidth is measured again beside every point: on a shared host it
+    # switches between states (here 30-35 and 50-80 GB/s) within minutes, and a memory-bound
+    # point's floor must use the state the point ran in.
+    probe = None
+    if device.type == "cpu" and "threads" in roof:
+        from kernels import skinny
+        probe_buf = torch.ones(64 << 20)  # 256 MB, past the caches
+
+        def probe() -> dict:
+            return dict(roof, bandwidth_gbs=max(skinny.read_bandwidth_gbs(probe_buf) for _ in range(2)))
     layer_flops, head_flops = product_flops(model)
 
     isas = args.isa or [None]  # CPU builds to time side by side (kernels/skinny.py), None: the active one
@@ -300,12 +310,14 @@ def measure(args) -> dict:
             fwd, step, bf, replay, replayed = timed(inputs, isa, i == 0)
             base_fwd = bf if i == 0 else base_fwd
             kv_bytes = b * args.context * kv_per_token
+            here = probe() if probe else roof
             row = dict(batch=b, context=args.context, forward_ms=fwd, step_ms=step, baseline_ms=base_fwd,
                        tok_s=b / (fwd * 1e-3), weight_gbs=wbytes / (fwd * 1e-3) / 1e9,
                        weight_kv_gbs=(wbytes + kv_bytes) / (fwd * 1e-3) / 1e9,
                        weight_bw_frac=wbytes / (fwd * 1e-3) / 1e9 / copy_gbs, isa=isa,
                        **against_roofline(fwd, wbytes, b * (layer_flops + head_flops)
-                                          + attention_flops(cfg, b, args.context + 1), roof))
+                                          + attention_flops(cfg, b, args.context + 1), here),
+                       bandwidth_gbs=here["bandwidth_gbs"])
             if replay is not None:
                 row.update(replay_ms=replay, replayed=replayed, graph_speedup=fwd / replay,
                            replay_tok_s=b / (replay * 1e-3), replay_weight_gbs=wbytes / (replay * 1e-3) / 1e9,
@@ -328,11 +340,13 @@ def measure(args) -> dict:
                 fwd, step, bf, replay, replayed = timed(inputs, isa, i == 0)
                 base_fwd = bf if i == 0 else base_fwd
                 first = base.setdefault(isa, (fwd, step, base_fwd, replay))
+                here = probe() if probe else roof
                 row = dict(batch=b, step_tokens=T, context=args.context, forward_ms=fwd, step_ms=step,
                            forward_rel=fwd / first[0], step_rel=step / first[1], baseline_ms=base_fwd,
                            baseline_rel=base_fwd / base[isas[0]][2], isa=isa,
                            **against_roofline(fwd, wbytes, b * T * (layer_flops + head_flops)
-                                              + attention_flops(cfg, b * T, args.context + T), roof))
+                                              + attention_flops(cfg, b * T, args.context + T), here),
+                           bandwidth_gbs=here["bandwidth_gbs"])
                 if replay is not None:
                     row.update(replay_ms=replay, replay_rel=replay / first[3], replayed=replayed)
                 split = phases(inputs)
@@ -435,21 +449,25 @@ def _roofline_line(h: dict) -> str:
             f"{r.get('bandwidth_gbs', 0):.1f} GB/s; products {h.get('layer_flops_per_row', 0) / 1e6:.0f} MFLOP "
             f"per step row + {h.get('head_flops_per_row', 0) / 1e6:.0f} per logits row, + attention (4 x layers x "
             "heads x head_dim per row and key). A step's floor: the larger of its weight bytes at that bandwidth "
-            "and its flops at the best peak.")
+            "and its flops at the best peak"
+            + ("; on a CPU the read bandwidth is measured again beside every point (its column below), and that "
+               "point's floor uses it." if r.get("threads") else "."))
 
 
 def _roofline_table(res: dict) -> list[str]:
     lines = ["", "## Against the roofline", "",
-             "| build | batch | step tokens | forward ms | floor ms | bound | forward / floor | GFLOP/s "
+             "| build | batch | step tokens | forward ms | read GB/s | floor ms | bound | forward / floor | GFLOP/s "
              "| share of peak |",
-             "|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     rows = [dict(r, step_tokens=1) for r in res["decode"]] + res["step_cost"]
     for r in rows:
         if "roofline_ms" not in r:
             continue
         share = "" if r["peak_frac"] is None else f"{100 * r['peak_frac']:.0f}%"
+        bw = r.get("bandwidth_gbs", res["header"]["roofline"]["bandwidth_gbs"])
         lines.append(f"| {r.get('isa') or 'active'} | {r['batch']} | {r['step_tokens']} | {r['forward_ms']:.2f} | "
-                     f"{r['roofline_ms']:.2f} | {r['bound']} | {r['vs_roofline']:.2f} | {r['gflops']:.0f} | {share} |")
+                     f"{bw:.1f} | {r['roofline_ms']:.2f} | {r['bound']} | {r['vs_roofline']:.2f} | "
+                     f"{r['gflops']:.0f} | {share} |")
     return lines
 
 
