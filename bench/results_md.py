@@ -43,6 +43,11 @@ RUNS = [
     ("bench/results/2026-11-26-h200/fp32/results.json",
      "The same command in fp32: every method's greedy output is identical to `ar`'s. The whole-turn speedups "
      "carry the same prefill-compile distortion as the bf16 run."),
+    ("bench/results/2026-11-26-cpu-limit4/results.json",
+     "The command issue 34 names (--compare-hf --limit 4 --repeats 2): four prompts per task, two interleaved "
+     "rounds, fp32, the AVX-512 build, after this session's forward changes (every decoding step of up to 64 "
+     "rows on the one-call C stack, attention prefetch). Every output identical to `ar`'s. Texts and token ids "
+     "removed from the JSON."),
     ("bench/results/2026-11-26-cpu/results.json",
      "The project's 2-core CPU (AMD EPYC, Zen 4), fp32, the AVX-512 build of the C kernels, two prompts per "
      "task, one round (no --repeats: each speedup is one run's ratio, so read differences under about 10% "
