@@ -45,6 +45,7 @@ from models.llama import Transformer, rope_inv_freq  # noqa: E402
 from models.loader import DEFAULT_CACHE_DIR  # noqa: E402
 from models.runner import ModelRunner, StepInput  # noqa: E402
 from models.tune import tune_model  # noqa: E402
+from decoding.generate import PREFILL_CHUNK  # noqa: E402
 
 SHAPES = {
     # Mistral-7B-v0.1 (the sliding window is longer than any context used here).
@@ -217,7 +218,8 @@ def measure(args) -> dict:
     model = random_model(cfg, backend, dtype, device)
     max_batch = max(max(args.batch), max(args.step_batch))
     per_seq = args.context + max(args.step_tokens) + 16
-    runner = ModelRunner(model, cache_tokens=max_batch * (per_seq + 16), block_size=16, graphs=args.cuda_graphs)
+    runner = ModelRunner(model, cache_tokens=max(max_batch * (per_seq + 16), args.prefill + 64), block_size=16,
+                         graphs=args.cuda_graphs)
     timer = make_timer(device, args.reps)
     wbytes = weight_bytes(model)
     kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.finfo(dtype).bits // 8
@@ -356,6 +358,35 @@ def measure(args) -> dict:
                 bar.update()
     bar.close()
 
+    prefill = []
+    if args.prefill:
+        # a prompt of --prefill tokens through the runner in causal chunks (as decoding.generate
+        # prefills: PREFILL_CHUNK tokens per forward), each build in turn, interleaved rounds,
+        # each build's fastest; the weights are read once per chunk
+        n, chunk = args.prefill, PREFILL_CHUNK
+        prompt = torch.randint(0, vocab, (n,), generator=gen).tolist()
+        chunks = -(-n // chunk)
+        flops = n * layer_flops + head_flops + attention_flops(cfg, 1, 1) * n * (n + 1) // 2
+        best = {}
+        for _ in range(min(args.reps, 3)):
+            for isa in isas:
+                if len(isas) > 1:
+                    use(isa)
+                setup_batch(runner, 1, 0)
+                with torch.inference_mode():
+                    t = time.perf_counter()
+                    for c in range(chunks):
+                        piece = prompt[c * chunk:(c + 1) * chunk]
+                        last = (c + 1) * chunk >= n
+                        runner.step([StepInput(0, piece, logits_rows=[len(piece) - 1] if last else [])])
+                        runner.commit({0: list(range(len(piece)))})
+                    best[isa] = min(best.get(isa, float("inf")), (time.perf_counter() - t) * 1e3)
+        for isa in isas:
+            here = probe() if probe else roof
+            prefill.append(dict(tokens=n, chunk=chunk, ms=best[isa], tok_s=n / (best[isa] * 1e-3), isa=isa,
+                                bandwidth_gbs=here["bandwidth_gbs"],
+                                **against_roofline(best[isa], chunks * wbytes, flops, here)))
+
     import triton
     return dict(
         header=dict(device=_device_name(device), dtype=str(dtype).removeprefix("torch."), kernel=kernel,
@@ -370,7 +401,7 @@ def measure(args) -> dict:
                     cuda_graphs=bool(args.cuda_graphs),
                     graph_stats=None if runner.graphs is None
                     else dict(runner.graphs.stats, failed=runner.graphs.failed)),
-        decode=decode, step_cost=curve)
+        decode=decode, step_cost=curve, prefill=prefill)
 
 
 def _device_name(device: torch.device) -> str:
@@ -413,6 +444,19 @@ def markdown(res: dict) -> str:
                      f"{r['baseline_ms']:.3f} | {r['baseline_rel']:.2f} | {r['step_ms']:.3f} | {r['step_rel']:.2f} |")
     lines += _roofline_table(res)
     lines += _phase_table(res)
+    if res.get("prefill"):
+        lines += ["", "## Prefill (one prompt, causal chunks)", "",
+                  f"`ModelRunner.step` over chunks of {res['prefill'][0]['chunk']} tokens, committed; the fastest "
+                  "of up to 3 interleaved rounds; floor: the weights read once per chunk at the read bandwidth vs "
+                  "the products' and causal attention's flops at the best peak.", "",
+                  "| build | tokens | ms | tokens/s | read GB/s | floor ms | bound | ms / floor | GFLOP/s "
+                  "| share of peak |",
+                  "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+        for r in res["prefill"]:
+            share = "" if r["peak_frac"] is None else f"{100 * r['peak_frac']:.0f}%"
+            lines.append(f"| {r.get('isa') or 'active'} | {r['tokens']} | {r['ms']:.0f} | {r['tok_s']:.0f} | "
+                         f"{r['bandwidth_gbs']:.1f} | {r['roofline_ms']:.0f} | {r['bound']} | {r['vs_roofline']:.2f} | "
+                         f"{r['gflops']:.0f} | {share} |")
     if any("replay_ms" in r for r in res["decode"] + res["step_cost"]):
         g = h.get("graph_stats") or {}
         lines += ["", "## Replayed from CUDA graphs", "",
@@ -533,6 +577,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=5, help="timed repetitions on a CPU (default 5)")
     p.add_argument("--copy-mb", type=int, default=None,
                    help="buffer of the copy-bandwidth probe (default 1024 GPU, 256 CPU)")
+    p.add_argument("--prefill", type=int, default=0,
+                   help="also time the prefill of a prompt of this many tokens, in causal chunks of "
+                        f"{PREFILL_CHUNK} (default 0: not timed)")
     p.add_argument("--quick", action="store_true", help="few small sizes (smoke test)")
     p.add_argument("--no-tune", action="store_true", help="keep every product plain F.linear (no tuning)")
     p.add_argument("--isa", type=lambda t: [x.strip() for x in t.split(",") if x.strip()], default=None,
@@ -575,6 +622,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--isa: this CPU does not run {missing} (it runs {','.join(skinny.cpu_isas()) or 'neither'})")
     if args.context < 1:
         p.error(f"--context must be >= 1, got {args.context}")
+    if args.prefill < 0:
+        p.error(f"--prefill must be >= 0 (0: not timed), got {args.prefill}")
     if args.copy_mb < 1:
         p.error(f"--copy-mb must be >= 1, got {args.copy_mb}")
     if args.reps < 1:

@@ -57,6 +57,9 @@ def check_prompts(prompts: list[list[int]], max_new_tokens: int, context: int, v
             raise ValueError(f"prompt {i}: token ids must be in [0, {vocab}), got {bad[:3]}")
 
 
+PREFILL_CHUNK = 512  # prompt tokens per sequence per prefill forward (generate's default)
+
+
 @torch.inference_mode()
 def generate(
     model: Transformer,
@@ -68,7 +71,7 @@ def generate(
     eos_token_ids: Optional[tuple[int, ...]] = None,
     planner: Optional[Planner] = None,
     runner: Optional[ModelRunner] = None,
-    prefill_chunk: int = 512,
+    prefill_chunk: int = PREFILL_CHUNK,
     progress: bool = False,
     on_tokens: Optional[Callable[[int, list[int]], bool]] = None,
     step_clock: Optional[StepClock] = None,

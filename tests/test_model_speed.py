@@ -83,7 +83,7 @@ def test_each_step_is_set_against_the_measured_roofline(tmp_path):
         pytest.skip(f"skinny kernel: {skinny.unavailable_reason()}")
     isas = skinny.cpu_isas()
     res = main(["--shape", "tiny", "--quick", "--device", "cpu", "--kernel", "torch", "--isa", ",".join(isas),
-                "--out", str(tmp_path / "speed"), "--cache-dir", str(tmp_path / "cache")])
+                "--prefill", "600", "--out", str(tmp_path / "speed"), "--cache-dir", str(tmp_path / "cache")])
     roof = res["header"]["roofline"]
     assert set(roof["peak_gflops"]) == ({"256", "512"} if "avx512f" in skinny.cpu_flags() else {"256"})
     assert all(v > 0 for v in roof["peak_gflops"].values()) and roof["bandwidth_gbs"] > 0
@@ -110,6 +110,14 @@ def test_each_step_is_set_against_the_measured_roofline(tmp_path):
         assert all(v >= 0 for v in split.values()) and split["qkv"] > 0 and split["attention"] > 0
         assert sum(split.values()) < 20 * r["forward_ms"]  # one forward, not a sum over repetitions
     assert "## Where a forward's time goes" in (tmp_path / "speed" / "model_speed.md").read_text()
+    # the prefill of a 600-token prompt: two chunks of 512 and 88, each build, against its floor
+    assert [r["isa"] for r in res["prefill"]] == isas
+    for r in res["prefill"]:
+        assert r["tokens"] == 600 and r["chunk"] == 512 and r["ms"] > 0
+        assert r["flops"] == 600 * layer + head + 4 * 2 * 4 * 32 * 600 * 601 // 2  # causal: row i sees i + 1 keys
+        floor = max(2 * res["header"]["weight_bytes"] / (r["bandwidth_gbs"] * 1e9), r["flops"] / (peak * 1e9)) * 1e3
+        assert r["roofline_ms"] == pytest.approx(floor)
+    assert "## Prefill" in (tmp_path / "speed" / "model_speed.md").read_text()
 
 
 def test_bad_arguments_are_rejected():
