@@ -59,12 +59,13 @@ RUNS = [
      "sequences took 36 ms against 21 ms for one token), and the planner predicted each step's forward 21-32% "
      "below what it measured (the step-planner table of its results.md), so it sent drafts that did not "
      "pay. Every output identical to `ar`'s. Texts and token ids removed from the JSON."),
-    ("bench/results/2026-11-26-cpu-vllm-quiet/results.json",
-     "vLLM beside ours (--compare-vllm), one thread for both engines (OMP_NUM_THREADS=1), two prompts per task "
-     "(vLLM: the 10 first turns), one round, on the quiet machine. Every vLLM output equalled vLLM plain's and "
-     "our ar's. vLLM's n-gram verifies a step of up to 11 tokens in less time than its plain decoding takes a "
-     "one-token step (55 against 65 ms per forward here), which makes it the strongest method of the run. The "
-     "helper's first run, on a loaded machine, is kept as history in results/2026-11-26-cpu-vllm/."),
+    ("bench/results/2026-11-26-cpu-vllm-1thread/results.json",
+     "vLLM beside ours (--compare-vllm), one thread for both engines (OMP_NUM_THREADS=1, and NUMBA_NUM_THREADS=1 "
+     "in vLLM's process: numba, which vLLM's n-gram proposer uses, had set the forward's OpenMP threads to both "
+     "cores in the earlier runs, results/2026-11-26-cpu-vllm-quiet/ and -vllm/, kept as history), two prompts "
+     "per task (vLLM: the 10 first turns), one round. Every vLLM output equalled vLLM plain's and our ar's. On one "
+     "thread vLLM's n-gram is its slowest speculative method (19.1 tokens/s); our drafter inside vLLM its "
+     "fastest (22.4)."),
 ]
 HEADER_KEYS = ("date", "command", "device", "dtype", "kernel", "versions", "max_new_tokens", "batch_size",
                "sampling", "repeats", "step planner", "cuda graphs", "step cost", "model loads", "vllm", "vllm loads")
