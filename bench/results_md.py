@@ -53,6 +53,13 @@ RUNS = [
      "task, one round (no --repeats: each speedup is one run's ratio, so read differences under about 10% "
      "as noise). The product-form table was re-tuned on the quiet machine just before (a table tuned under "
      "load had halved `ar`'s speed in an earlier run that day)."),
+    ("bench/results/2026-11-26-cpu-batch8-after/results.json",
+     "Batches of 8 prompts of one task (--batch-size 8 --limit 8), fp32, one round, after this session's forward "
+     "changes (batch steps of up to 64 rows on the one-call stack): 0.98-1.02x `ar` (0.90-1.03 in the run "
+     "below, the same command before them). Every output identical to `ar`'s. The planner still predicts a batch "
+     "step's forward 11-19% below what it measures, and in a static batch the steps follow the sequences that "
+     "accept least (pld cut the batch's steps from 762 to 606 with a tau of 1.56). Texts and token ids removed "
+     "from the JSON."),
     ("bench/results/2026-11-26-cpu-batch8/results.json",
      "Batches of 8 prompts of one task (--batch-size 8 --limit 8), fp32, one round, on the quiet machine. No "
      "method gains: at 8 rows a forward is already past the CPU's compute knee (a batch step of 8 one-token "
