@@ -624,12 +624,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--context must be >= 1, got {args.context}")
     if args.prefill < 0:
         p.error(f"--prefill must be >= 0 (0: not timed), got {args.prefill}")
+    positions = SHAPES[args.shape]["max_position_embeddings"]
+    if args.prefill > positions:
+        p.error(f"--prefill {args.prefill} is longer than the {args.shape} shape's {positions} positions")
     if args.copy_mb < 1:
         p.error(f"--copy-mb must be >= 1, got {args.copy_mb}")
     if args.reps < 1:
         p.error(f"--reps must be >= 1, got {args.reps}")
     if max(args.step_tokens) > 1024:
         p.error(f"--step-tokens at most 1024 (one step's mask), got {max(args.step_tokens)}")
+    if args.context + max(args.step_tokens) > positions:
+        p.error(f"--context {args.context} + --step-tokens {max(args.step_tokens)} exceed the {args.shape} shape's "
+                f"{positions} positions")
     return args
 
 

@@ -2,6 +2,7 @@
 measures what it says; ModelRunner.prepare + the forward is exactly ModelRunner.step."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -129,6 +130,19 @@ def test_bad_arguments_are_rejected():
         main(["--shape", "tiny", "--copy-mb", "0"])
     with pytest.raises(SystemExit):
         main(["--shape", "tiny", "--isa", "avx1024"])
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--prefill", "-1"], "--prefill must be >= 0"),
+    (["--prefill", "5000"], "--prefill 5000 is longer than the tiny shape's 4096 positions"),
+    (["--context", "4000", "--step-tokens", "1,128"], "--context 4000 \\+ --step-tokens 128 exceed"),
+])
+def test_bad_lengths_are_named_before_any_model_is_built(argv, message, capsys):
+    from bench.model_speed import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--shape", "tiny", *argv])
+    assert re.search(message, capsys.readouterr().err)
 
 
 def test_profile_step_runs_and_counts_per_forward(tmp_path):
