@@ -570,3 +570,42 @@ def test_stack_profile_times_the_phases_of_whole_stack_calls(isa):
     with skinny.stack_profile() as idle:  # a new block starts from zero
         pass
     assert all(v == 0 for v in idle.values())
+
+
+def test_steps_of_up_to_64_rows_stay_on_the_one_call_stack(monkeypatch):
+    """A tree step of 17-64 rows (past the 16 the stack once stopped at) is attended by the C
+    kernel and runs as the one call, bit for bit the per-op path; a longer step leaves both."""
+    from helpers import ours_from_hf, tiny_hf_model
+    from models.linear import STEP_ROWS
+    from models.llama import Transformer
+    from models.runner import ModelRunner, StepInput
+
+    model = all_skinny(ours_from_hf(tiny_hf_model("llama", seed=7)).model)
+
+    def run(t):
+        runner = ModelRunner(model, cache_tokens=512)
+        runner.add_sequence(0)
+        runner.step([StepInput(0, list(range(3, 40)))])
+        runner.commit({0: list(range(37))})
+        parents = [-1] + [(i - 1) // 2 for i in range(1, t)]  # a binary tree of t nodes
+        return runner.step([StepInput(0, [(5 + i) % 200 for i in range(t)], parents=parents)])[0]
+
+    stack, attention, use_stack = [], [], [True]
+    real_stack, real_attention, real_whole = skinny.layers_unchecked, skinny.attention_unchecked, Transformer._whole_stack
+    monkeypatch.setattr(skinny, "layers_unchecked", lambda *a: stack.append(a[0].shape[0]) or real_stack(*a))
+    monkeypatch.setattr(skinny, "attention_unchecked",
+                        lambda *a, **k: attention.append(a[0].shape[0]) or real_attention(*a, **k))
+    monkeypatch.setattr(Transformer, "_whole_stack", lambda *a: use_stack[0] and real_whole(*a))
+    for t in (40, STEP_ROWS):
+        stacked = run(t)
+        assert t in stack
+        use_stack[0] = False
+        attention.clear()
+        per_op = run(t)
+        use_stack[0] = True
+        assert t in attention  # the per-op path's attention is the C kernel too
+        assert torch.equal(stacked, per_op)
+    stack.clear()
+    attention.clear()
+    run(STEP_ROWS + 1)
+    assert STEP_ROWS + 1 not in stack and STEP_ROWS + 1 not in attention

@@ -431,6 +431,10 @@ def test_whole_stack_decided_by_timing_forwards(tiny, tmp_path, monkeypatch, sta
         want = ["skinny" if s and stack_faster and shape != head else "wxt" for s in small]
         assert table == want, shape
     assert configs.count(True) == configs.count(False) == 3 * sum(small)
+    # every decoding step's bucket, the widest (STEP_ROWS) included, is decided as a whole: a
+    # 24-64-row step had stayed off the stack on a per-product pick
+    from models.linear import STEP_ROWS
+    assert small == [m <= STEP_ROWS for m in BUCKETS]
     assert tiny.layers[0].w_down.plan.table == tables[_shape_of(tiny.layers[0].w_down.weight, None)]
     with pytest.raises(ValueError, match="stack_timer must be None or a callable"):
         tune_model(tiny, tmp_path / "bad", "off", timer=by_product, stack_timer=3)
