@@ -73,6 +73,17 @@ def run_method(method: str, prompts: list[list[int]], max_new_tokens: int, threa
     folder = vllm_model_folder(model)  # here: the main venv has gguf; converted once, cached
     job = {"method": method, "model": str(folder), "prompts": prompts, "max_new_tokens": max_new_tokens,
            "speculative_config": speculative_config(method, k, pld), "threads": threads}
+    proc = subprocess.run([str(python), str(Path(__file__).resolve())], input=json.dumps(job),
+                          env=child_env(threads, python),
+                          capture_output=True, text=True, timeout=timeout_s, cwd=str(REPO))
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
+        raise RuntimeError(f"{method}: the vLLM child failed (exit {proc.returncode}):\n{tail}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def child_env(threads: int, python: Path) -> dict:
+    """The vLLM child's environment: in-process vLLM on ``threads`` OpenMP threads."""
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}",
                VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), OMP_NUM_THREADS=str(threads),
                # numba (vLLM's n-gram) would omp_set_num_threads(every core) on the forward's thread
@@ -82,12 +93,15 @@ def run_method(method: str, prompts: list[list[int]], max_new_tokens: int, threa
     iomp = python.parent.parent / "lib" / "libiomp5.so"
     if iomp.is_file():
         env["LD_PRELOAD"] = ":".join(p for p in (str(iomp), os.environ.get("LD_PRELOAD", "")) if p)
-    proc = subprocess.run([str(python), str(Path(__file__).resolve())], input=json.dumps(job), env=env,
-                          capture_output=True, text=True, timeout=timeout_s, cwd=str(REPO))
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
-        raise RuntimeError(f"{method}: the vLLM child failed (exit {proc.returncode}):\n{tail}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return env
+
+
+def check_threads(asked: int, now: int) -> None:
+    """Refuse a run whose torch thread count moved while vLLM ran (numba's did, for n-gram): its
+    times would not be on the threads the header names."""
+    if now != asked:
+        raise RuntimeError(f"torch ran on {now} threads after the runs, not the {asked} asked for: the times are "
+                           "not comparable")
 
 
 # ---- the parent: bench/run.py --compare-vllm ---------------------------------------------------
@@ -211,11 +225,8 @@ def _child(job: dict) -> dict:
     prompts = job["prompts"]
     one(min(prompts, key=len), 4, "warm-up")  # first calls allocate and compile: not timed
     records = [one(p, job["max_new_tokens"], f"p{i}") for i, p in enumerate(prompts)]
-    if "threads" in job and torch.get_num_threads() != job["threads"]:
-        # something in the engine changed the OpenMP thread count (numba did, for n-gram): the
-        # times would not be on the threads the header names
-        raise RuntimeError(f"torch ran on {torch.get_num_threads()} threads after the runs, not the "
-                           f"{job['threads']} asked for: the times are not comparable")
+    if "threads" in job:
+        check_threads(job["threads"], torch.get_num_threads())
     import vllm
     spec = llm.llm_engine.vllm_config.speculative_config
     return {"load": {"s": round(load_s, 2), "peak_mem_mib": round(peak), "rise_mib": round(rise)},

@@ -152,3 +152,21 @@ def test_compare_vllm_without_its_venv_says_how_to_build_it(tmp_path):
     assert speculative_config("vllm-ngram", 10, (3, 10))["prompt_lookup_max"] == 3
     with pytest.raises(ValueError, match="unknown vLLM method"):
         speculative_config("vllm-eagle", 10, (3, 10))
+
+
+def test_the_vllm_child_runs_on_the_threads_asked_for(tmp_path, monkeypatch):
+    """numba (vLLM's n-gram proposer) sets the forward's OpenMP threads to NUMBA_NUM_THREADS,
+    every core by default: the child's environment pins it with OMP_NUM_THREADS, and a run
+    whose thread count moved anyway is refused, not reported."""
+    from bench.vllm_compare import check_threads, child_env
+
+    monkeypatch.delenv("NUMBA_NUM_THREADS", raising=False)
+    env = child_env(1, tmp_path / "bin" / "python")
+    assert env["NUMBA_NUM_THREADS"] == env["OMP_NUM_THREADS"] == "1"
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and "LD_PRELOAD" not in env  # no libiomp5 in that venv
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libiomp5.so").touch()
+    assert child_env(2, tmp_path / "bin" / "python")["LD_PRELOAD"].startswith(str(tmp_path / "lib" / "libiomp5.so"))
+    check_threads(1, 1)
+    with pytest.raises(RuntimeError, match="torch ran on 2 threads after the runs, not the 1 asked for"):
+        check_threads(1, 2)
