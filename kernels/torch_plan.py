@@ -21,7 +21,7 @@ from kernels.mask import unpack_mask
 # go to the skinny CPU attention kernel (fp32, x86 with a C compiler: kernels/skinny.py); prefill
 # and everything else to SDPA. The C kernel reads each key once per step, and it keeps such a
 # step on the one-call layer stack, which SDPA cannot join: the whole forward at 24-64 rows is
-# 0-15% faster with it than with SDPA (docs/DESIGN.md, "The CPU kernels").
+# 0-15% faster with it than with SDPA (bench/results/2026-11-26-cpu-roofline/NOTES.md).
 SMALL_ROWS = 64
 
 

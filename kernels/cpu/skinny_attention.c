@@ -203,7 +203,8 @@ static void split_task(const job *a, int kvh, int64_t j0, int64_t j1) {
 /* Requests one kv head's keys and values [j0, j1) into L2. A task reads them from memory in
  * 256-byte pieces 768 bytes apart (the pool interleaves the kv heads), which the hardware
  * prefetchers do not follow: the loads waited on one miss after another (a one-row step's
- * attention ran at 6 GB/s per core). */
+ * attention read at about 6 GB/s per core; with this, 10-20% faster at 1-32 rows:
+ * bench/results/2026-11-26-cpu-roofline/NOTES.md). */
 static void prefetch_split(const job *a, int kvh, int64_t j0, int64_t j1) {
     const float *kh = a->kc + (int64_t)kvh * a->D, *vh = a->vc + (int64_t)kvh * a->D;
     for (int64_t j = j0; j < j1; j++)

@@ -44,7 +44,8 @@ typedef __m512 vec;
 #define KEEP_IN_REGISTER(v) __asm__("" : "+v"(v))
 /* The lane sums of 16 accumulators a[0..15] into out[0..15], all at once: four levels of
  * cross-vector shuffles and adds (15 adds and 30 shuffles for 16 sums, where one vector at a
- * time takes about 9 instructions per sum, a sixth of a 4 x 6 tile's work at K = 576). Every
+ * time takes about 9 instructions per sum; the products gained 0-3% from it on a Zen 4, whose
+ * FMAs, not these sums, bound a tile: bench/results/2026-11-26-cpu-roofline/NOTES.md). Every
  * lane is summed in the one fixed order of a single 16-lane sum: lanes i + (i + 8), then
  * + (i + 4), then (0 + 2) + (1 + 3), i.e. the two 256-bit halves added, then the AVX2
  * build's hsum8; so which accumulators share a call changes no result. */
