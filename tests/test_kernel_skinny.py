@@ -591,7 +591,8 @@ def test_steps_of_up_to_64_rows_stay_on_the_one_call_stack(monkeypatch):
         return runner.step([StepInput(0, [(5 + i) % 200 for i in range(t)], parents=parents)])[0]
 
     stack, attention, use_stack = [], [], [True]
-    real_stack, real_attention, real_whole = skinny.layers_unchecked, skinny.attention_unchecked, Transformer._whole_stack
+    real_stack, real_attention = skinny.layers_unchecked, skinny.attention_unchecked
+    real_whole = Transformer._whole_stack
     monkeypatch.setattr(skinny, "layers_unchecked", lambda *a: stack.append(a[0].shape[0]) or real_stack(*a))
     monkeypatch.setattr(skinny, "attention_unchecked",
                         lambda *a, **k: attention.append(a[0].shape[0]) or real_attention(*a, **k))
