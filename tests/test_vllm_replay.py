@@ -1,0 +1,59 @@
+"""bench/vllm_replay.py: our drafter inside vLLM replayed from greedy outputs, without vLLM.
+The recorded run (tests/data/vllm_replay_run.json) is the prompts, greedy outputs and vLLM's
+forwards per request of a real ``--compare-vllm`` run: the replay must reproduce every one."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.vllm_replay import WARMUP_TOKENS, main, replay, replay_request
+from decoding.vllm import TokenDrafter, VllmDrafterConfig
+
+RUN = Path(__file__).with_name("data") / "vllm_replay_run.json"
+
+
+def test_replay_reproduces_a_recorded_vllm_run_request_by_request():
+    run = json.loads(RUN.read_text())
+    reqs = run["requests"]
+    got = replay(VllmDrafterConfig(), run["k"], [r["prompt_ids"] for r in reqs], [r["output_ids"] for r in reqs])
+    assert [g["forwards"] for g in got] == [r["vllm_forwards"] for r in reqs]
+    assert [g["new_tokens"] for g in got] == [len(r["output_ids"]) for r in reqs]
+
+
+def test_a_request_gains_its_output_exactly():
+    out = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 9]
+    drafter = TokenDrafter(VllmDrafterConfig(drafter="pld"), num_speculative_tokens=4, max_model_len=64)
+    g = replay_request(drafter, [1, 5, 6, 7, 8], out)
+    assert sum(g["accept_lengths"]) == len(out) - 1  # the prefill brought the first token
+    assert g["forwards"] == len(g["accept_lengths"]) < len(out) - 1  # the repeats were drafted and accepted
+    assert all(1 <= a <= 5 for a in g["accept_lengths"])  # at most k drafts and the bonus token
+    # nothing to draft from: one token per forward
+    drafter = TokenDrafter(VllmDrafterConfig(drafter="pld"), num_speculative_tokens=4, max_model_len=64)
+    assert replay_request(drafter, [1, 2], [3, 4, 10, 11])["accept_lengths"] == [1, 1, 1]
+    assert replay_request(drafter, [1], [])["forwards"] == 0
+
+
+def test_the_warm_up_request_and_finished_requests_feed_the_shared_store():
+    # request 2 repeats request 1's answer, which only the shared store can draft
+    answer = [40, 41, 42, 43, 44, 45, 46, 47]
+    prompts, outputs = [[1, 2, 3], [9, 8, 7, 6]], [answer, answer]
+    cfg = VllmDrafterConfig(drafter="suffix", min_chance=0.0)
+    got = replay(cfg, 8, prompts, outputs)
+    assert got[1]["forwards"] < got[0]["forwards"]
+    # the warm-up request (the shortest prompt, WARMUP_TOKENS tokens) is in the store before
+    # request 1: a second prompt that repeats its first tokens drafts them at once
+    assert WARMUP_TOKENS == 4
+    solo = replay(cfg, 8, [[1, 2, 3]], [answer])
+    assert solo[0]["accept_lengths"][0] > 1
+
+
+def test_cli_refuses_bad_settings_by_name(tmp_path, capsys):
+    res = tmp_path / "results.json"
+    res.write_text("{}")
+    for argv, name in ([[str(res), "--k", "0"], "--k"], [[str(res), "--min-chance", "1.5"], "--min-chance"],
+                       [[str(res), "--drafter", "eagle"], "--drafter"],
+                       [[str(tmp_path / "none.json")], "no results file"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert name in capsys.readouterr().err
