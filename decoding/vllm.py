@@ -13,7 +13,7 @@ vLLM verifies one chain per request and step, so each step sends the chain of ou
 the most expected accepted tokens by our acceptance estimates (decoding/planner.py: per source,
 depth and sibling rank, learned per request and smoothed towards the engine's), at most
 ``num_speculative_tokens`` long, cut where a node's chance of acceptance falls below
-``min_chance``.
+``min_chance`` (its first node is always sent, so the estimates keep learning).
 
 vLLM hands the proposer each row's whole token context and nothing that names the request, so
 a request is followed by its tokens: a row whose context extends the tokens a request had is
@@ -200,7 +200,10 @@ class TokenDrafter:
         if len(tree) == 1:
             return []
         probs, _ = node_estimates(tree, req.acc)
-        nodes = best_chain(tree, probs, depth, self.cfg.min_chance)
+        # a chain cut to nothing still sends its best first node: the estimates learn only from
+        # what is sent, so a request whose estimates fell below the bar would otherwise never
+        # draft again (min_chance 0.1 took the dev split's tau from 2.04 to 1.01; bench/vllm_replay.py)
+        nodes = best_chain(tree, probs, depth, self.cfg.min_chance) or best_chain(tree, probs, 1)
         req.sent = [tree.tokens[v] for v in nodes]
         req.keys = [node_keys(tree, v, req.acc.streak) for v in nodes]
         if req.sent:

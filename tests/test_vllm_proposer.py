@@ -88,6 +88,21 @@ def test_no_draft_for_rows_without_sampled_tokens_or_room():
     assert out[1] == [3]  # one position left before max_model_len
 
 
+def test_a_chain_below_the_bar_still_sends_its_first_node():
+    # no estimate reaches min_chance 0.99: the best first node goes alone, so acceptance is
+    # still learned (sending nothing would leave the estimates where they are for good)
+    d = TokenDrafter(VllmDrafterConfig(drafter="pld", min_chance=0.99), num_speculative_tokens=3, max_model_len=64)
+    rows = Rows([[1, 2, 3, 4, 9, 1, 2]])
+    assert d.propose_rows([[2]], rows.n, rows.ids) == [[3]]
+    rows.append(0, [3, 4])  # accepted, then the target's own token
+    d.propose_rows([[3, 4]], rows.n, rows.ids)
+    assert d.stats["accepted"] == 1
+    # nothing in the tree: still nothing sent
+    d = TokenDrafter(VllmDrafterConfig(drafter="pld", min_chance=0.99), num_speculative_tokens=3, max_model_len=64)
+    rows = Rows([[1, 2, 3, 4]])
+    assert d.propose_rows([[4]], rows.n, rows.ids) == [[]]
+
+
 def test_acceptance_is_learned_from_the_next_call():
     p = PromptLookupProposer(fake_config(k=3))
     rows = Rows([[1, 2, 3, 4, 9, 1, 2]])
