@@ -380,6 +380,54 @@ def load_step_cost(path: Path | str) -> StepCost:
     return cost
 
 
+@dataclass(frozen=True)
+class Roofline:
+    """What one forward must do at least, for a model on a machine: read its weights once and
+    each sequence's keys and values, and do its products' and attention's arithmetic, at the
+    machine's measured read bandwidth and FMA peak (bench/model_speed.py measures both)."""
+
+    weight_bytes: int  # read once per forward (bench/model_speed.weight_bytes)
+    row_flops: int  # the products' flops per step row, the LM head's included
+    attn_flops: int  # attention flops per step row and key (4 x layers x heads x head_dim)
+    kv_bytes: int  # key and value bytes per committed token, every layer
+    peak_gflops: float
+    bandwidth_gbs: float
+
+    def __post_init__(self):
+        for name in ("weight_bytes", "row_flops", "attn_flops", "kv_bytes", "peak_gflops", "bandwidth_gbs"):
+            v = getattr(self, name)
+            if not _finite(v) or v <= 0:
+                raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
+
+    def forward_ms(self, step_tokens: list[int], contexts: list[int]) -> float:
+        """The floor of one forward: the larger of its bytes at the bandwidth and its flops at
+        the peak (each sequence's rows attend its context and the step's own tokens)."""
+        nbytes = self.weight_bytes + sum(self.kv_bytes * (c + t) for t, c in zip(step_tokens, contexts))
+        flops = sum(t * self.row_flops + self.attn_flops * t * (c + t) for t, c in zip(step_tokens, contexts))
+        return max(nbytes / (self.bandwidth_gbs * 1e6), flops / (self.peak_gflops * 1e6))
+
+    def step_cost(self, scale: float = 1.0, context: int = 256, long_context: int = 1024,
+                  tokens: tuple[int, ...] = GRID) -> StepCost:
+        """The curve a machine whose every forward took ``scale`` x its floor would measure
+        (``measure_step_cost``'s grid and batches), for ``--emulate-cost``: with a scale at which
+        the curve is slower than this machine at every step size, an emulated run plans and
+        decodes as if the kernels ran at the roofline (only the host's work keeps its real time,
+        so its share is smaller than it would be: what such a run measures is an upper bound)."""
+        if not (_finite(scale) and scale > 0):
+            raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
+        if not 1 <= context < long_context:
+            raise ValueError(f"need 1 <= context < long_context, got {context}, {long_context}")
+        ms = [scale * self.forward_ms([t], [context]) for t in tokens]
+        one = [scale * self.forward_ms([1] * b, [context] * b) for b in BATCHES]
+        per_seq = statistics.median((o - ms[tokens.index(b)] if b in tokens else 0.0) / (b - 1)
+                                    for o, b in zip(one, BATCHES))
+        long_ms = [scale * self.forward_ms([t], [long_context]) for t in LONG_GRID]
+        cost = StepCost(list(tokens), ms, max(0.0, per_seq), context, long_context, list(LONG_GRID), long_ms)
+        cost.origin = (f"roofline x {scale:g}: {self.peak_gflops:.0f} GFLOP/s, {self.bandwidth_gbs:.1f} GB/s, "
+                       f"{self.weight_bytes / 1e9:.3f} GB of weights")
+        return cost
+
+
 @torch.inference_mode()
 def measure_step_cost(model, context: int = 256, reps: int = 3) -> StepCost:
     """Time the model's forward on this device (random tokens; costs do not depend on them)."""
