@@ -43,6 +43,16 @@ RUNS = [
     ("bench/results/2026-11-26-h200/fp32/results.json",
      "The same command in fp32: every method's greedy output is identical to `ar`'s. The whole-turn speedups "
      "carry the same prefill-compile distortion as the bf16 run."),
+    ("bench/results/2026-11-26-cpu-roofline-bound/real/results.json",
+     "Four prompts per task, one round, fp32, the AVX-512 build: this machine, run back to back with the next "
+     "run. Every output identical to `ar`'s. Texts and token ids removed from the JSON."),
+    ("bench/results/2026-11-26-cpu-roofline-bound/roofline/results.json",
+     "The same command with every forward of up to 64 step tokens played at this machine's measured roofline "
+     "(--emulate-cost with the curve of bench/roofline_curve.py at 30 GB/s, x 2.2 so that it stays slower than "
+     "the machine; the planner plans with it). The host's work keeps its real time, a smaller share than beside "
+     "forwards at the real floor, so these speedups are an upper bound for kernels at the roofline: hybrid 2.13x "
+     "after the first token, against 1.69x in the run above. The run's NOTES.md has the curve and the batch-8 "
+     "pair (batch8-real/, batch8-roofline/: 0.98-1.02x and 1.08-1.13x `ar`)."),
     ("bench/results/2026-11-26-cpu-limit4/results.json",
      "The command issue 34 names (--compare-hf --limit 4 --repeats 2): four prompts per task, two interleaved "
      "rounds, fp32, the AVX-512 build, after this session's forward changes (every decoding step of up to 64 "
@@ -119,6 +129,8 @@ def run_section(rel: str, note: str) -> list[str]:
     prompts = sum(1 for r in records if r["method"] == "ar")
     lines = [f"### {head['dtype']}, {head['kernel']} kernels, {prompts} prompt turns ({rel})", ""]
     lines += [f"- **{k}**: {head[k]}" for k in HEADER_KEYS if k in head]
+    if head.get("emulated step cost", "off") != "off":  # the forwards' times were played, not this machine's
+        lines += [f"- **emulated step cost**: {head['emulated step cost']}"]
     lines += ["", note, ""]
     lines += ["All tasks: tokens/s of the whole turn, speedup over `ar` of the whole turn and after the first "
               "token, wall ms per token after the first, tau, share of outputs identical to `ar`.", "",
