@@ -45,7 +45,7 @@ from models.llama import Transformer, rope_inv_freq  # noqa: E402
 from models.loader import DEFAULT_CACHE_DIR  # noqa: E402
 from models.runner import ModelRunner, StepInput  # noqa: E402
 from models.tune import tune_model  # noqa: E402
-from decoding.generate import PREFILL_CHUNK  # noqa: E402
+from decoding.generate import default_prefill_chunk  # noqa: E402
 
 SHAPES = {
     # Mistral-7B-v0.1 (the sliding window is longer than any context used here).
@@ -361,9 +361,9 @@ def measure(args) -> dict:
     prefill = []
     if args.prefill:
         # a prompt of --prefill tokens through the runner in causal chunks (as decoding.generate
-        # prefills: PREFILL_CHUNK tokens per forward), each build in turn, interleaved rounds,
+        # prefills: its default chunk on the device), each build in turn, interleaved rounds,
         # each build's fastest; the weights are read once per chunk
-        n, chunk = args.prefill, PREFILL_CHUNK
+        n, chunk = args.prefill, default_prefill_chunk(device)
         prompt = torch.randint(0, vocab, (n,), generator=gen).tolist()
         chunks = -(-n // chunk)
         flops = n * layer_flops + head_flops + attention_flops(cfg, 1, 1) * n * (n + 1) // 2
@@ -578,8 +578,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--copy-mb", type=int, default=None,
                    help="buffer of the copy-bandwidth probe (default 1024 GPU, 256 CPU)")
     p.add_argument("--prefill", type=int, default=0,
-                   help="also time the prefill of a prompt of this many tokens, in causal chunks of "
-                        f"{PREFILL_CHUNK} (default 0: not timed)")
+                   help="also time the prefill of a prompt of this many tokens, in the causal chunks generate "
+                        "uses on the device (default 0: not timed)")
     p.add_argument("--quick", action="store_true", help="few small sizes (smoke test)")
     p.add_argument("--no-tune", action="store_true", help="keep every product plain F.linear (no tuning)")
     p.add_argument("--isa", type=lambda t: [x.strip() for x in t.split(",") if x.strip()], default=None,

@@ -57,7 +57,18 @@ def check_prompts(prompts: list[list[int]], max_new_tokens: int, context: int, v
             raise ValueError(f"prompt {i}: token ids must be in [0, {vocab}), got {bad[:3]}")
 
 
-PREFILL_CHUNK = 512  # prompt tokens per sequence per prefill forward (generate's default)
+# Prompt tokens per sequence per prefill forward (generate's default). A later chunk attends its
+# prefix through an explicit mask, which SDPA computes in full on a CPU, while a prompt that
+# fits one chunk is one causal call; a 1,000-3,000-token prompt's prefill was 4-10% faster in
+# one chunk of 2,048 than in chunks of 512 on the 2-core CPU (bench/results/
+# 2026-11-26-cpu-roofline-bound/NOTES.md). On a GPU the chunk stays 512, as measured there.
+PREFILL_CHUNK = 512
+PREFILL_CHUNK_CPU = 2048
+
+
+def default_prefill_chunk(device) -> int:
+    """generate's prefill chunk on ``device`` when none is given."""
+    return PREFILL_CHUNK_CPU if torch.device(device).type == "cpu" else PREFILL_CHUNK
 
 
 @torch.inference_mode()
@@ -71,7 +82,7 @@ def generate(
     eos_token_ids: Optional[tuple[int, ...]] = None,
     planner: Optional[Planner] = None,
     runner: Optional[ModelRunner] = None,
-    prefill_chunk: int = PREFILL_CHUNK,
+    prefill_chunk: Optional[int] = None,
     progress: bool = False,
     on_tokens: Optional[Callable[[int, list[int]], bool]] = None,
     step_clock: Optional[StepClock] = None,
@@ -99,8 +110,10 @@ def generate(
     sampling = sampling or SamplingParams()
     eos = set(model.cfg.eos_token_ids if eos_token_ids is None else eos_token_ids)
     check_prompts(prompts, max_new_tokens, model.cfg.max_position_embeddings, model.cfg.vocab_size)
-    if prefill_chunk < 1:
-        raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+    if prefill_chunk is None:
+        prefill_chunk = default_prefill_chunk(model.device)
+    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
+        raise ValueError(f"prefill_chunk must be an integer >= 1 (None: the device's default), got {prefill_chunk!r}")
     proposer.check(model)  # before the prefill: nothing generated (or streamed) yet
     runner = runner or ModelRunner.for_batch(model, prompts, max_new_tokens)
     seqs = [Sequence(SeqState(i, [int(t) for t in p], len(p), _generator(sampling, i, runner.device)), max_new_tokens)

@@ -34,6 +34,17 @@ def test_negative_max_new_tokens(tiny):
     assert generate(tiny, [[1, 2]], max_new_tokens=0)[0].output_ids == []
 
 
+def test_bad_prefill_chunk_is_named(tiny):
+    from decoding.generate import PREFILL_CHUNK, PREFILL_CHUNK_CPU, default_prefill_chunk
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="prefill_chunk must be an integer >= 1"):
+            generate(tiny, [[1, 2]], max_new_tokens=2, prefill_chunk=bad)
+    assert default_prefill_chunk("cpu") == PREFILL_CHUNK_CPU and default_prefill_chunk("cuda") == PREFILL_CHUNK
+    # the default (one chunk here) and chunks of 2 both decode
+    assert len(generate(tiny, [[1, 2, 3, 4, 5]], max_new_tokens=3)[0].output_ids) == 3
+    assert len(generate(tiny, [[1, 2, 3, 4, 5]], max_new_tokens=3, prefill_chunk=2)[0].output_ids) == 3
+
+
 def test_token_out_of_vocab(tiny):
     with pytest.raises(ValueError, match=r"\[0, 97\)"):
         generate(tiny, [[1, 97]], max_new_tokens=2)
