@@ -76,6 +76,13 @@ RUNS = [
      "sequences took 36 ms against 21 ms for one token), and the planner predicted each step's forward 21-32% "
      "below what it measured (the step-planner table of its results.md), so it sent drafts that did not "
      "pay. Every output identical to `ar`'s. Texts and token ids removed from the JSON."),
+    ("bench/results/2026-11-26-cpu-vllm-1thread-rerun/results.json",
+     "The same command three hours later, after the CPU prefill chunk grew to 2,048 tokens (ours only). Every "
+     "vLLM output equalled vLLM plain's and our ar's. Our methods ran first, then each vLLM method in turn: the "
+     "engines are not interleaved, so the machine's drift between them moves their ratio. Here our ar was 20.6 "
+     "tokens/s (21.7 in the run below) and vLLM's suffix 22.6 (21.2), so our best speculative method was 1.14x "
+     "vLLM's best (1.28x below). Inside vLLM our drafter was again vLLM's fastest method (24.1), 1.07x its "
+     "suffix, at tau 1.69 against n-gram's 1.66."),
     ("bench/results/2026-11-26-cpu-vllm-1thread/results.json",
      "vLLM beside ours (--compare-vllm), one thread for both engines (OMP_NUM_THREADS=1, and NUMBA_NUM_THREADS=1 "
      "in vLLM's process: numba, which vLLM's n-gram proposer uses, had set the forward's OpenMP threads to both "
