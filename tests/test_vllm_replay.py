@@ -57,3 +57,32 @@ def test_cli_refuses_bad_settings_by_name(tmp_path, capsys):
         with pytest.raises(SystemExit):
             main(argv)
         assert name in capsys.readouterr().err
+
+
+def test_cli_replays_a_benchmark_results_file(tmp_path, capsys):
+    from bench.data.suite import load_suite
+    from bench.vllm_replay import first_turns
+    from models.loader import load_tokenizer
+
+    recs = load_suite(split="dev")[:2]
+    out = [[11, 12, 13, 11, 12, 13, 11, 12, 13, 2], [7, 8, 9, 7, 8, 9]]
+    records = [{"id": r["id"], "task": r["task"], "method": "ar", "turn": 1, "output_ids": o}
+               for r, o in zip(recs, out)]
+    records.append({"id": recs[0]["id"], "task": recs[0]["task"], "method": "pld", "turn": 1, "output_ids": out[0]})
+    res = tmp_path / "results.json"
+    res.write_text(json.dumps({"header": {"model": "smollm2 (llama, 30 layers, hidden 576)"}, "records": records}))
+    got, prompts = first_turns(res)
+    assert [r["id"] for r in got] == [r["id"] for r in recs]  # ar's first turns only, in run order
+    tok = load_tokenizer("smollm2")
+    first = recs[0]["turns"][0] if recs[0]["task"] == "chat" else recs[0]["prompt"]
+    assert prompts[0] == tok.apply_chat_template([{"role": "user", "content": first}], add_generation_prompt=True,
+                                                 tokenize=True, return_dict=False)
+    main([str(res), "--drafter", "pld,hybrid", "--min-chance", "0,0.1"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| pld") or
+            line.startswith("| hybrid")]
+    assert len(rows) == 4  # every combination of the settings
+    # a record that is not a suite prompt is named
+    records[0]["id"] = "not-a-suite-id"
+    res.write_text(json.dumps({"header": {"model": "smollm2 (llama)"}, "records": records}))
+    with pytest.raises(ValueError, match="not suite prompts"):
+        first_turns(res)
