@@ -31,6 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from decoding.planner import node_keys  # noqa: E402
 from decoding.vllm import DRAFTERS, TokenDrafter, VllmDrafterConfig  # noqa: E402
 
 WARMUP_TOKENS = 4  # bench/vllm_compare.py's warm-up request: the shortest prompt, this many tokens
@@ -67,15 +68,44 @@ def replay_request(drafter: TokenDrafter, prompt: Sequence[int], output: Sequenc
     return {"new_tokens": len(output), "forwards": len(gains), "accept_lengths": gains, "drafted": sent}
 
 
+class HindsightDrafter(TokenDrafter):
+    """The same trees, each step's chain chosen knowing the output: the longest path of the tree
+    that the output follows. Its tau bounds what any way of choosing one chain from these trees
+    could reach (it is not a drafter: it reads the future)."""
+
+    truth: Sequence[int] = ()  # the request's prompt and output
+
+    def draft(self, req, depth: int) -> list[int]:
+        tree = self.tree(req, depth)
+        n = len(req.tokens)
+        future, v, path = self.truth[n:n + depth], 0, []
+        while len(path) < len(future):
+            c = tree.children[v].get(future[len(path)])
+            if c is None:
+                break
+            path.append(c)
+            v = c
+        req.sent = [tree.tokens[x] for x in path]
+        req.keys = [node_keys(tree, x, req.acc.streak) for x in path]
+        return req.sent
+
+
 def replay(cfg: VllmDrafterConfig, k: int, prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
-           max_model_len: int = MAX_MODEL_LEN) -> list[dict]:
+           max_model_len: int = MAX_MODEL_LEN, hindsight: bool = False) -> list[dict]:
     """Every request in order, after the warm-up request, through one drafter (one engine): the
-    shared store carries each finished request into the next ones, as in vLLM."""
-    drafter = TokenDrafter(cfg, num_speculative_tokens=k, max_model_len=max_model_len)
+    shared store carries each finished request into the next ones, as in vLLM. ``hindsight``:
+    the chains of ``HindsightDrafter`` instead of ours."""
+    drafter = (HindsightDrafter if hindsight else TokenDrafter)(cfg, num_speculative_tokens=k,
+                                                              max_model_len=max_model_len)
+
+    def one(p, o):
+        drafter.truth = list(p) + list(o)
+        return replay_request(drafter, p, o)
+
     if prompts:
         w = min(range(len(prompts)), key=lambda i: len(prompts[i]))
-        replay_request(drafter, prompts[w], outputs[w][:WARMUP_TOKENS])
-    return [replay_request(drafter, p, o) for p, o in zip(prompts, outputs)]
+        one(prompts[w], outputs[w][:WARMUP_TOKENS])
+    return [one(p, o) for p, o in zip(prompts, outputs)]
 
 
 def first_turns(results: Path, model: Optional[str] = None) -> tuple[list[dict], list[list[int]]]:
@@ -118,6 +148,9 @@ def main(argv=None) -> None:
     p.add_argument("--min-chance", default="0.02", help="comma list: a chain stops below this chance")
     p.add_argument("--max-nodes", default="64", help="comma list: candidate nodes a chain is chosen from")
     p.add_argument("--model", default=None, help="tokenizer (default: the results' model)")
+    p.add_argument("--hindsight", action="store_true",
+                   help="also the tau of the best chain of the same trees in hindsight (an upper bound for the "
+                        "choice of the chain)")
     args = p.parse_args(argv)
     drafters = [d.strip() for d in args.drafter.split(",") if d.strip()]
     for d in drafters:
@@ -136,9 +169,11 @@ def main(argv=None) -> None:
     tasks = sorted({r["task"] for r in recs})
     print(f"{len(recs)} first turns ({', '.join(tasks)}) from {args.results}")
     print("tau: tokens per forward (the prefill not counted) over all first turns, then per task; sent: draft "
-          "tokens sent per forward")
-    print("| drafter | k | min_chance | max_nodes | tau | sent | " + " | ".join(tasks) + " |")
-    print("|---|---:|---:|---:|---:|---:|" + "---:|" * len(tasks))
+          "tokens sent per forward" + ("; hindsight: tau of the best chain of the same trees, chosen knowing the "
+                                      "output" if args.hindsight else ""))
+    hind = " hindsight |" if args.hindsight else ""
+    print("| drafter | k | min_chance | max_nodes | tau | sent |" + hind + " " + " | ".join(tasks) + " |")
+    print("|---|---:|---:|---:|---:|---:|" + ("---:|" if args.hindsight else "") + "---:|" * len(tasks))
     for d, k, c, n in itertools.product(drafters, ks, chances, nodes):
         got = replay(VllmDrafterConfig(drafter=d, min_chance=c, max_nodes=n), k, prompts, outputs)
 
@@ -147,7 +182,11 @@ def main(argv=None) -> None:
 
         per = [tau([g for g, r in zip(got, recs) if r["task"] == t]) for t in tasks]
         sent = sum(g["drafted"] for g in got) / max(sum(g["forwards"] for g in got), 1)
-        print(f"| {d} | {k} | {c:g} | {n} | {tau(got):.3f} | {sent:.2f} | " + " | ".join(f"{x:.2f}" for x in per)
+        best = ""
+        if args.hindsight:  # the chain's choice, not the trees, is what the setting's min_chance cuts
+            seen = replay(VllmDrafterConfig(drafter=d, max_nodes=n), k, prompts, outputs, hindsight=True)
+            best = f" {tau(seen):.3f} |"
+        print(f"| {d} | {k} | {c:g} | {n} | {tau(got):.3f} | {sent:.2f} |{best} " + " | ".join(f"{x:.2f}" for x in per)
               + " |", flush=True)
 
 

@@ -21,6 +21,18 @@ def test_replay_reproduces_a_recorded_vllm_run_request_by_request():
     assert [g["new_tokens"] for g in got] == [len(r["output_ids"]) for r in reqs]
 
 
+def test_the_chain_in_hindsight_bounds_ours():
+    run = json.loads(RUN.read_text())
+    prompts, outputs = [r["prompt_ids"] for r in run["requests"]], [r["output_ids"] for r in run["requests"]]
+    ours = replay(VllmDrafterConfig(), run["k"], prompts, outputs)
+    best = replay(VllmDrafterConfig(), run["k"], prompts, outputs, hindsight=True)
+    assert all(g["new_tokens"] == h["new_tokens"] for g, h in zip(ours, best))
+    assert sum(h["forwards"] for h in best) < sum(g["forwards"] for g in ours)
+    # it never sends a token the output does not continue with: every draft token is accepted, and
+    # each forward adds the target's own token, but the last one when the drafts reached the end
+    assert all(h["drafted"] - (sum(h["accept_lengths"]) - h["forwards"]) in (0, 1) for h in best)
+
+
 def test_a_request_gains_its_output_exactly():
     out = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 9]
     drafter = TokenDrafter(VllmDrafterConfig(drafter="pld"), num_speculative_tokens=4, max_model_len=64)
