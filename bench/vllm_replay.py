@@ -8,7 +8,8 @@ and the forwards it takes follow from the tokens alone. This replays vLLM's call
 time, its warm-up request first (the shortest prompt, 4 tokens), a propose call after every
 step (the prefill's and the last one's included), a finished request retired into the shared store when the next
 request's first call arrives. It counts forwards as that file does (the prefill not counted),
-so its tau is the vLLM run's (tested against a recorded run in tests/test_vllm_replay.py).
+so its tau is the vLLM run's, to a forward per request (tested against a recorded run in
+tests/test_vllm_replay.py).
 
 What it is for: tuning the drafter's settings on the dev split in seconds per setting, where a
 vLLM run takes minutes, and without vLLM installed. It says nothing about time: a longer chain

@@ -61,6 +61,7 @@ class SuffixTrie:
         # children by token: a node id, or ~end for a substring seen once
         self.child: list[dict[int, int]] = [{}]
         self.count: list[int] = [0]
+        self.last: list[int] = [-1]  # where the node's substring last ended in text (ties between siblings)
         self.level: list[int] = [0]  # node depth = length of its substring
         # the nodes among the suffixes ending at the end of the current stream, shortest first (the
         # root first); the longer suffixes occurred only there
@@ -72,7 +73,7 @@ class SuffixTrie:
 
     def extend(self, tokens: list[int]) -> None:
         """Feed tokens to the current stream (a full trie takes no more)."""
-        child, count, level, depth, text = self.child, self.count, self.level, self.depth, self.text
+        child, count, last, level, depth, text = self.child, self.count, self.last, self.level, self.depth, self.text
         active = self.active
         for x in tokens:
             if self.size >= self.max_nodes:
@@ -96,6 +97,7 @@ class SuffixTrie:
                     c = len(count)
                     kids[x] = c
                     count.append(1)
+                    last.append(first)
                     level.append(la + 1)
                     nxt = {}
                     if la + 1 < depth and text[first + 1] != SEP:  # first + 1 <= e: it exists
@@ -104,6 +106,7 @@ class SuffixTrie:
                     child.append(nxt)
                     added += 1
                 count[c] += 1
+                last[c] = e
                 new.append(c)
             active = new
             self.size += added
@@ -126,13 +129,14 @@ class SuffixTrie:
 
     def continuations(self, place: Place) -> list[tuple[int, Place, int]]:
         """(token, its place, occurrences) of what followed ``place``, most frequent first
-        (ties: first seen first)."""
+        (ties: the one that occurred last first)."""
         text = self.text
         if isinstance(place, int):
-            count, n = self.count, self.level[place] + 1
-            out = [(tok, c, count[c]) if c >= 0 else (tok, (~c, n), 1) for tok, c in self.child[place].items()]
-            out.sort(key=lambda k: -k[2])
-            return out
+            count, last, n = self.count, self.last, self.level[place] + 1
+            out = [(tok, c, count[c], last[c]) if c >= 0 else (tok, (~c, n), 1, ~c)
+                   for tok, c in self.child[place].items()]
+            out.sort(key=lambda k: (-k[2], -k[3]))
+            return [k[:3] for k in out]
         end, n = place
         if n < self.depth and end + 1 < len(text) and text[end + 1] != SEP:
             return [(text[end + 1], (end + 1, n + 1), 1)]

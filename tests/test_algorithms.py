@@ -228,22 +228,22 @@ def test_suffix_trie_counts_substrings():
 
 
 class _Dense:
-    """Reference for SuffixTrie: every substring's count and first end, by brute force."""
+    """Reference for SuffixTrie: every substring's count and last end, by brute force."""
 
     def __init__(self, streams: list[list[int]], depth: int):
-        self.depth, self.count, self.first = depth, {}, {}
+        self.depth, self.count, self.last = depth, {}, {}
         at = 0
         for text in streams:
             for j in range(len(text)):
                 for i in range(max(0, j + 1 - depth), j + 1):
                     sub = tuple(text[i:j + 1])
                     self.count[sub] = self.count.get(sub, 0) + 1
-                    self.first.setdefault(sub, at + j)
+                    self.last[sub] = at + j
             at += len(text) + 1
 
     def continuations(self, sub: tuple) -> list:
         kids = [(sub + (y,), n) for (*s, y), n in self.count.items() if tuple(s) == sub]
-        kids.sort(key=lambda k: (-k[1], self.first[k[0]]))
+        kids.sort(key=lambda k: (-k[1], -self.last[k[0]]))  # most frequent, then the latest
         return [(s[-1], s, n) for s, n in kids]
 
     def match(self, text: list[int], max_match: int):
@@ -319,15 +319,16 @@ def test_suffix_match_and_tree():
     assert trie.level[m] == 2 and trie.find([1, 2]) == m  # "3 1 2" never occurred before; "1 2" did
     t = StepTree.root(2)
     grow_suffix(t, trie, m, max_depth=3, max_nodes=8, min_prob=0.2)
-    # after "1 2": 3 twice, 4 once -> 3 (2/3), 4 (1/3); after "1 2 3": 9, 7 (1/3 each); after
-    # "1 2 4": 0 (1/3); then each of those continues with 1 (1/3), best first, ties in order
-    assert t.tokens == [2, 3, 4, 9, 7, 0, 1, 1, 1] and t.parents == [-1, 0, 0, 1, 1, 2, 3, 4, 5]
+    # after "1 2": 3 twice, 4 once -> 3 (2/3), 4 (1/3); after "1 2 3": 7, 9 (1/3 each; 7 followed
+    # it last); after "1 2 4": 0 (1/3); then each of those continues with 1 (1/3), best first,
+    # ties in the order their parents were taken
+    assert t.tokens == [2, 3, 4, 7, 9, 0, 1, 1, 1] and t.parents == [-1, 0, 0, 1, 1, 2, 3, 4, 5]
     t = StepTree.root(2)
     grow_suffix(t, trie, m, max_depth=3, max_nodes=8, min_prob=0.34)  # every 1/3 path is dropped
     assert t.tokens == [2, 3]
     t = StepTree.root(2)
     grow_suffix(t, trie, m, max_depth=3, max_nodes=3, min_prob=0.0)  # the node cap
-    assert t.tokens == [2, 3, 4, 9]
+    assert t.tokens == [2, 3, 4, 7]
 
 
 def test_suffix_store_sees_other_streams_only_when_shared():
