@@ -59,9 +59,9 @@ def check_prompts(prompts: list[list[int]], max_new_tokens: int, context: int, v
 
 # Prompt tokens per sequence per prefill forward (generate's default). A later chunk attends its
 # prefix through an explicit mask, which SDPA computes in full on a CPU, while a prompt that
-# fits one chunk is one causal call; a 1,000-3,000-token prompt's prefill was 4-10% faster in
-# one chunk of 2,048 than in chunks of 512 on the 2-core CPU (bench/results/
-# 2026-11-26-cpu-roofline-bound/NOTES.md). On a GPU the chunk stays 512, as measured there.
+# fits one chunk is one causal call; a 600-2,000-token prompt's prefill was 4-11% faster in one
+# chunk of 2,048 than in chunks of 512 on the 2-core CPU (bench/results/
+# 2026-11-26-cpu-roofline-bound/NOTES.md). The GPU keeps 512: not measured there.
 PREFILL_CHUNK = 512
 PREFILL_CHUNK_CPU = 2048
 

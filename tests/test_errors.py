@@ -45,6 +45,22 @@ def test_bad_prefill_chunk_is_named(tiny):
     assert len(generate(tiny, [[1, 2, 3, 4, 5]], max_new_tokens=3, prefill_chunk=2)[0].output_ids) == 3
 
 
+def test_the_prefill_chunk_defaults_to_the_devices(tiny, monkeypatch):
+    import sys
+
+    from models.runner import ModelRunner
+
+    g = sys.modules["decoding.generate"]  # the module (the package exports the function under its name)
+
+    monkeypatch.setattr(g, "PREFILL_CHUNK_CPU", 3)  # the CPU's default, read when generate is called
+    runner = ModelRunner.for_batch(tiny, [[1] * 7], 1)
+    forwards = []
+    step = runner.step
+    monkeypatch.setattr(runner, "step", lambda inputs: forwards.append([len(i.tokens) for i in inputs]) or step(inputs))
+    generate(tiny, [[1, 2, 3, 4, 5, 6, 7]], max_new_tokens=1, runner=runner)  # the first token comes from the prefill
+    assert forwards == [[3], [3], [1]]
+
+
 def test_token_out_of_vocab(tiny):
     with pytest.raises(ValueError, match=r"\[0, 97\)"):
         generate(tiny, [[1, 97]], max_new_tokens=2)
