@@ -202,7 +202,8 @@ class TokenDrafter:
         probs, _ = node_estimates(tree, req.acc)
         # a chain cut to nothing still sends its best first node: the estimates learn only from
         # what is sent, so a request whose estimates fell below the bar would otherwise never
-        # draft again (min_chance 0.1 took the dev split's tau from 2.04 to 1.01; bench/vllm_replay.py)
+        # draft again (replayed on the dev split, min_chance 0.1 gave tau 1.01 without this and 2.04
+        # with it: bench/results/2026-11-26-cpu-vllm-replay/NOTES.md)
         nodes = best_chain(tree, probs, depth, self.cfg.min_chance) or best_chain(tree, probs, 1)
         req.sent = [tree.tokens[v] for v in nodes]
         req.keys = [node_keys(tree, v, req.acc.streak) for v in nodes]
