@@ -1,5 +1,5 @@
 /* Attention of a decoding step's rows (1 to a few dozen) over one sequence's paged KV cache,
- * fp32, AVX2 + FMA, OpenMP over (kv head, key split) tasks.
+ * fp32, AVX2 + FMA, OpenMP over (kv head, key split) tasks, a contiguous range per thread.
  *
  * q      row t, head h at q[t * q_stride + h * D], D a multiple of 8
  * cache  k / v: the layer's pool [num_blocks, block_size, KV, D], contiguous; key j of the
@@ -236,12 +236,18 @@ int skinny_attention(const float *q, int64_t q_stride, int T, int H, int KV, int
     if (threads < 1) threads = 1;
 #pragma omp parallel num_threads(threads)
     {
-        /* each thread takes tasks t, t + nt, ...; while one is computed, the next one's keys and
-         * values are requested (the first one's before it starts) */
+        /* each thread takes one contiguous range of tasks: the kv heads of a split, then the next
+         * split's, so that its keys and values are one run of memory, 768-byte rows used whole
+         * (round robin over tasks had both threads stride through rows a third used: attention
+         * over 1,500 keys took 4-23% longer at 4-16 rows, bench/results/
+         * 2026-11-26-cpu-attention-ranges/NOTES.md). While a task is computed, the next one's keys
+         * and values are requested (the first one's before it starts). Which thread computes a
+         * task does not change its numbers. */
         const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-        for (int64_t i = t; i < tasks; i += nt) {
-            for (int64_t p = i == t ? i : i + nt; p <= i + nt && p < tasks; p += nt) {
-                const int64_t ps = p / KV, pj0 = ps * SPLIT;
+        const int64_t lo = tasks * t / nt, hi = tasks * (t + 1) / nt;
+        for (int64_t i = lo; i < hi; i++) {
+            for (int64_t p = i == lo ? i : i + 1; p <= i + 1 && p < hi; p++) {
+                const int64_t pj0 = p / KV * SPLIT;
                 prefetch_split(&a, (int)(p % KV), pj0, pj0 + SPLIT < L ? pj0 + SPLIT : L);
             }
             const int64_t sp = i / KV, j0 = sp * SPLIT, j1 = j0 + SPLIT < L ? j0 + SPLIT : L;
