@@ -123,12 +123,32 @@ static int visible(const job *a, int t, int64_t j0, int n, __m256 *vis) {
     return any;
 }
 
+/* Requests one kv head's keys and values [j0, j1) into L2. A task reads them from memory in
+ * 256-byte pieces 768 bytes apart (the pool interleaves the kv heads), which the hardware
+ * prefetchers do not follow: the loads waited on one miss after another (a one-row step's
+ * attention read at about 6 GB/s per core; with this, 10-20% faster at 1-32 rows:
+ * bench/results/2026-11-26-cpu-roofline/NOTES.md). A task requests the next one's a few keys at
+ * a time, spread over its first pass over its own keys: requested all at once, the 512 lines of
+ * a split held the core up (one row over 1,500 keys 20% slower in the forward: bench/results/
+ * 2026-11-26-cpu-attention-ranges/NOTES.md). */
+static void prefetch_split(const job *a, int kvh, int64_t j0, int64_t j1) {
+    const float *kh = a->kc + (int64_t)kvh * a->D, *vh = a->vc + (int64_t)kvh * a->D;
+    for (int64_t j = j0; j < j1; j++)
+        for (int d = 0; d < a->D; d += 16) {
+            _mm_prefetch((const char *)(kh + a->off[j] + d), _MM_HINT_T1);
+            _mm_prefetch((const char *)(vh + a->off[j] + d), _MM_HINT_T1);
+        }
+}
+
 /* one kv head over keys [j0, j1) (at most SPLIT), every row and query head of the group, QB
  * (row, head) queries at a time: the scores of all the split's keys, their softmax numerators,
  * the weighted sum of the values. Writes (max, sum, D weighted sums) per (t, g) into ``part``
  * rows of this split. A query's numbers do not depend on the other queries of its group (a
- * short last group repeats its first query and drops the copies). */
-static void split_task(const job *a, int kvh, int64_t j0, int64_t j1) {
+ * short last group repeats its first query and drops the copies). While the first group scores
+ * the keys it requests the thread's next task's keys and values [next_j0, next_j1) of kv head
+ * next_kvh (none: next_kvh < 0) into L2, a share per 4 keys scored. */
+static void split_task(const job *a, int kvh, int64_t j0, int64_t j1, int next_kvh, int64_t next_j0,
+                       int64_t next_j1) {
     const int G = a->H / a->KV, D = a->D, T = a->T, W = D + 2, n = (int)(j1 - j0), nb = (n + 7) / 8;
     const __m256 ninf = _mm256_set1_ps(-INFINITY), scale = _mm256_set1_ps(a->scale);
     const float *kh = a->kc + (int64_t)kvh * D, *vh = a->vc + (int64_t)kvh * D;
@@ -152,7 +172,14 @@ static void split_task(const job *a, int kvh, int64_t j0, int64_t j1) {
             qp[i] = a->q + t * a->q_stride + ((int64_t)kvh * G + g) * D;
             outp[i] = a->part + (t * (int64_t)a->H + (int64_t)kvh * G + g) * W;
         }
-        for (int c = 0; c < nb * 8; c += 4) qk_4(sc, c, qp, kp + c, D);
+        for (int c = 0; c < nb * 8; c += 4) {
+            if (q0 == 0 && next_kvh >= 0) { /* the next task's share for these 4 keys' scores */
+                const int64_t span = next_j1 - next_j0, pa = next_j0 + span * c / (nb * 8),
+                              pb = next_j0 + span * (c + 4) / (nb * 8);
+                prefetch_split(a, next_kvh, pa, pb < next_j1 ? pb : next_j1);
+            }
+            qk_4(sc, c, qp, kp + c, D);
+        }
         for (int i = 0; i < QB; i++) {
             const int t = (q0 + (i < nq ? i : 0)) / G;
             if (t != vis_row) {
@@ -200,20 +227,6 @@ static void split_task(const job *a, int kvh, int64_t j0, int64_t j1) {
     }
 }
 
-/* Requests one kv head's keys and values [j0, j1) into L2. A task reads them from memory in
- * 256-byte pieces 768 bytes apart (the pool interleaves the kv heads), which the hardware
- * prefetchers do not follow: the loads waited on one miss after another (a one-row step's
- * attention read at about 6 GB/s per core; with this, 10-20% faster at 1-32 rows:
- * bench/results/2026-11-26-cpu-roofline/NOTES.md). */
-static void prefetch_split(const job *a, int kvh, int64_t j0, int64_t j1) {
-    const float *kh = a->kc + (int64_t)kvh * a->D, *vh = a->vc + (int64_t)kvh * a->D;
-    for (int64_t j = j0; j < j1; j++)
-        for (int d = 0; d < a->D; d += 16) {
-            _mm_prefetch((const char *)(kh + a->off[j] + d), _MM_HINT_T1);
-            _mm_prefetch((const char *)(vh + a->off[j] + d), _MM_HINT_T1);
-        }
-}
-
 /* returns 0, -1 when a buffer could not be allocated (out is then incomplete), -2 on shapes it
  * does not take */
 int skinny_attention(const float *q, int64_t q_stride, int T, int H, int KV, int D, const float *kc,
@@ -240,20 +253,21 @@ int skinny_attention(const float *q, int64_t q_stride, int T, int H, int KV, int
          * split's, so that its keys and values are one run of memory, 768-byte rows used whole
          * (round robin over tasks had both threads stride through rows a third used: attention
          * over 1,500 keys took 4-23% longer at 4-16 rows, bench/results/
-         * 2026-11-26-cpu-attention-ranges/NOTES.md). While a task is computed, the next one's keys
-         * and values are requested (the first one's before it starts). Which thread computes a
-         * task does not change its numbers. */
+         * 2026-11-26-cpu-attention-ranges/NOTES.md). The first task's keys and values are
+         * requested before it starts, each next one's while the task before it scores its keys
+         * (split_task). Which thread computes a task does not change its numbers. */
         const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
         const int64_t lo = tasks * t / nt, hi = tasks * (t + 1) / nt;
+        if (lo < hi) {
+            const int64_t pj0 = lo / KV * SPLIT;
+            prefetch_split(&a, (int)(lo % KV), pj0, pj0 + SPLIT < L ? pj0 + SPLIT : L);
+        }
         for (int64_t i = lo; i < hi; i++) {
-            for (int64_t p = i == lo ? i : i + 1; p <= i + 1 && p < hi; p++) {
-                const int64_t pj0 = p / KV * SPLIT;
-                prefetch_split(&a, (int)(p % KV), pj0, pj0 + SPLIT < L ? pj0 + SPLIT : L);
-            }
             const int64_t sp = i / KV, j0 = sp * SPLIT, j1 = j0 + SPLIT < L ? j0 + SPLIT : L;
+            const int64_t nj0 = (i + 1) / KV * SPLIT, nj1 = nj0 + SPLIT < L ? nj0 + SPLIT : L;
             job mine = a;
             mine.part = part + sp * T * H * W;
-            split_task(&mine, (int)(i % KV), j0, j1);
+            split_task(&mine, (int)(i % KV), j0, j1, i + 1 < hi ? (int)((i + 1) % KV) : -1, nj0, nj1);
         }
     }
     /* merge the splits of each (row, head), in split order */
