@@ -76,6 +76,12 @@ RUNS = [
      "sequences took 36 ms against 21 ms for one token), and the planner predicted each step's forward 21-32% "
      "below what it measured (the step-planner table of its results.md), so it sent drafts that did not "
      "pay. Every output identical to `ar`'s. Texts and token ids removed from the JSON."),
+    ("bench/results/2026-11-26-cpu-vllm-1thread-attention/results.json",
+     "The same command (OMP_NUM_THREADS=1) after the attention kernel's spread prefetch (ours only; on one thread "
+     "the contiguous task ranges change nothing). Every vLLM output equalled vLLM plain's and our ar's. Engines "
+     "not interleaved, as below. Our ar 21.4 tokens/s, 1.26x vLLM plain; our best speculative method (suffix, "
+     "27.1) 1.17x vLLM's best (its suffix, 23.1); our drafter inside vLLM again vLLM's fastest (23.5), 1.02x its "
+     "suffix, at tau 1.71 against n-gram's 1.66."),
     ("bench/results/2026-11-26-cpu-vllm-1thread-rerun/results.json",
      "The same command three hours later, after the CPU prefill chunk grew to 2,048 tokens (ours only). Every "
      "vLLM output equalled vLLM plain's and our ar's. Our methods ran first, then each vLLM method in turn: the "
