@@ -33,6 +33,10 @@
 
 #define MAXG 16   /* query heads per kv head, at most */
 #define SPLIT 64 /* keys per split */
+/* a task requests the keys and values of the task this many after it: 2 rather than 1 read
+ * a one-row step's keys over 1,500 tokens 11-23% faster (bench/results/
+ * 2026-11-26-cpu-attention-ranges/NOTES.md) */
+#define AHEAD 2
 
 /* QB queries x 4 keys at a time: QB x 4 accumulators + QB query chunks + 1 key chunk fit the
  * 16 AVX2 registers (7 loads per 12 FMAs, where one query at a time took 9 per 8) */
@@ -145,8 +149,8 @@ static void prefetch_split(const job *a, int kvh, int64_t j0, int64_t j1) {
  * the weighted sum of the values. Writes (max, sum, D weighted sums) per (t, g) into ``part``
  * rows of this split. A query's numbers do not depend on the other queries of its group (a
  * short last group repeats its first query and drops the copies). While the first group scores
- * the keys it requests the thread's next task's keys and values [next_j0, next_j1) of kv head
- * next_kvh (none: next_kvh < 0) into L2, a share per 4 keys scored. */
+ * the keys it requests the keys and values [next_j0, next_j1) of kv head next_kvh (a later task
+ * of the thread; none: next_kvh < 0) into L2, a share per 4 keys scored. */
 static void split_task(const job *a, int kvh, int64_t j0, int64_t j1, int next_kvh, int64_t next_j0,
                        int64_t next_j1) {
     const int G = a->H / a->KV, D = a->D, T = a->T, W = D + 2, n = (int)(j1 - j0), nb = (n + 7) / 8;
@@ -253,21 +257,22 @@ int skinny_attention(const float *q, int64_t q_stride, int T, int H, int KV, int
          * split's, so that its keys and values are one run of memory, 768-byte rows used whole
          * (round robin over tasks had both threads stride through rows a third used: attention
          * over 1,500 keys took 4-23% longer at 4-16 rows, bench/results/
-         * 2026-11-26-cpu-attention-ranges/NOTES.md). The first task's keys and values are
-         * requested before it starts, each next one's while the task before it scores its keys
-         * (split_task). Which thread computes a task does not change its numbers. */
+         * 2026-11-26-cpu-attention-ranges/NOTES.md). The first AHEAD tasks' keys and values are
+         * requested before the first starts, each later one's while the task AHEAD before it
+         * scores its keys (split_task). Which thread computes a task does not change its
+         * numbers. */
         const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
         const int64_t lo = tasks * t / nt, hi = tasks * (t + 1) / nt;
-        if (lo < hi) {
-            const int64_t pj0 = lo / KV * SPLIT;
-            prefetch_split(&a, (int)(lo % KV), pj0, pj0 + SPLIT < L ? pj0 + SPLIT : L);
+        for (int64_t p = lo; p < lo + AHEAD && p < hi; p++) {
+            const int64_t pj0 = p / KV * SPLIT;
+            prefetch_split(&a, (int)(p % KV), pj0, pj0 + SPLIT < L ? pj0 + SPLIT : L);
         }
         for (int64_t i = lo; i < hi; i++) {
             const int64_t sp = i / KV, j0 = sp * SPLIT, j1 = j0 + SPLIT < L ? j0 + SPLIT : L;
-            const int64_t nj0 = (i + 1) / KV * SPLIT, nj1 = nj0 + SPLIT < L ? nj0 + SPLIT : L;
+            const int64_t p = i + AHEAD, nj0 = p / KV * SPLIT, nj1 = nj0 + SPLIT < L ? nj0 + SPLIT : L;
             job mine = a;
             mine.part = part + sp * T * H * W;
-            split_task(&mine, (int)(i % KV), j0, j1, i + 1 < hi ? (int)((i + 1) % KV) : -1, nj0, nj1);
+            split_task(&mine, (int)(i % KV), j0, j1, p < hi ? (int)(p % KV) : -1, nj0, nj1);
         }
     }
     /* merge the splits of each (row, head), in split order */
