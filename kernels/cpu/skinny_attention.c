@@ -33,8 +33,8 @@
 
 #define MAXG 16   /* query heads per kv head, at most */
 #define SPLIT 64 /* keys per split */
-/* a task requests the keys and values of the task this many after it: 2 rather than 1 read
- * a one-row step's keys over 1,500 tokens 11-23% faster (bench/results/
+/* a task requests the keys and values of the task this many after it: with 2 rather than 1 a
+ * one-row step's attention over 1,500 keys took 11-23% less time (bench/results/
  * 2026-11-26-cpu-attention-ranges/NOTES.md) */
 #define AHEAD 2
 
@@ -131,7 +131,7 @@ static int visible(const job *a, int t, int64_t j0, int n, __m256 *vis) {
  * 256-byte pieces 768 bytes apart (the pool interleaves the kv heads), which the hardware
  * prefetchers do not follow: the loads waited on one miss after another (a one-row step's
  * attention read at about 6 GB/s per core; with this, 10-20% faster at 1-32 rows:
- * bench/results/2026-11-26-cpu-roofline/NOTES.md). A task requests the next one's a few keys at
+ * bench/results/2026-11-26-cpu-roofline/NOTES.md). A task requests a later task's a few keys at
  * a time, spread over its first pass over its own keys: requested all at once, the 512 lines of
  * a split held the core up (one row over 1,500 keys 20% slower in the forward: bench/results/
  * 2026-11-26-cpu-attention-ranges/NOTES.md). */
@@ -177,7 +177,7 @@ static void split_task(const job *a, int kvh, int64_t j0, int64_t j1, int next_k
             outp[i] = a->part + (t * (int64_t)a->H + (int64_t)kvh * G + g) * W;
         }
         for (int c = 0; c < nb * 8; c += 4) {
-            if (q0 == 0 && next_kvh >= 0) { /* the next task's share for these 4 keys' scores */
+            if (q0 == 0 && next_kvh >= 0) { /* the later task's share for these 4 keys' scores */
                 const int64_t span = next_j1 - next_j0, pa = next_j0 + span * c / (nb * 8),
                               pb = next_j0 + span * (c + 4) / (nb * 8);
                 prefetch_split(a, next_kvh, pa, pb < next_j1 ? pb : next_j1);
@@ -256,7 +256,7 @@ int skinny_attention(const float *q, int64_t q_stride, int T, int H, int KV, int
         /* each thread takes one contiguous range of tasks: the kv heads of a split, then the next
          * split's, so that its keys and values are one run of memory, 768-byte rows used whole
          * (round robin over tasks had both threads stride through rows a third used: attention
-         * over 1,500 keys took 4-23% longer at 4-16 rows, bench/results/
+         * at 4-16 rows took 22-26% longer over 1,500 keys, 4-17% over 512, bench/results/
          * 2026-11-26-cpu-attention-ranges/NOTES.md). The first AHEAD tasks' keys and values are
          * requested before the first starts, each later one's while the task AHEAD before it
          * scores its keys (split_task). Which thread computes a task does not change its
