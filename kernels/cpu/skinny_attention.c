@@ -231,6 +231,12 @@ static void split_task(const job *a, int kvh, int64_t j0, int64_t j1, int next_k
     }
 }
 
+/* task i's keys: split i / KV's, [*j0, *j1) */
+static inline void task_keys(int64_t i, int KV, int64_t L, int64_t *j0, int64_t *j1) {
+    *j0 = i / KV * SPLIT;
+    *j1 = *j0 + SPLIT < L ? *j0 + SPLIT : L;
+}
+
 /* returns 0, -1 when a buffer could not be allocated (out is then incomplete), -2 on shapes it
  * does not take */
 int skinny_attention(const float *q, int64_t q_stride, int T, int H, int KV, int D, const float *kc,
@@ -263,15 +269,17 @@ int skinny_attention(const float *q, int64_t q_stride, int T, int H, int KV, int
          * numbers. */
         const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
         const int64_t lo = tasks * t / nt, hi = tasks * (t + 1) / nt;
+        int64_t j0, j1, nj0, nj1;
         for (int64_t p = lo; p < lo + AHEAD && p < hi; p++) {
-            const int64_t pj0 = p / KV * SPLIT;
-            prefetch_split(&a, (int)(p % KV), pj0, pj0 + SPLIT < L ? pj0 + SPLIT : L);
+            task_keys(p, KV, L, &j0, &j1);
+            prefetch_split(&a, (int)(p % KV), j0, j1);
         }
         for (int64_t i = lo; i < hi; i++) {
-            const int64_t sp = i / KV, j0 = sp * SPLIT, j1 = j0 + SPLIT < L ? j0 + SPLIT : L;
-            const int64_t p = i + AHEAD, nj0 = p / KV * SPLIT, nj1 = nj0 + SPLIT < L ? nj0 + SPLIT : L;
+            const int64_t p = i + AHEAD;
+            task_keys(i, KV, L, &j0, &j1);
+            task_keys(p, KV, L, &nj0, &nj1);
             job mine = a;
-            mine.part = part + sp * T * H * W;
+            mine.part = part + i / KV * T * H * W;
             split_task(&mine, (int)(i % KV), j0, j1, p < hi ? (int)(p % KV) : -1, nj0, nj1);
         }
     }
