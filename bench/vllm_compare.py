@@ -31,10 +31,11 @@ from pathlib import Path
 from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
-VLLM_METHODS = ("vllm", "vllm-ngram", "vllm-suffix", "vllm-specdec")
-# our drafters inside vLLM (decoding/vllm.py): vllm-specdec is the hybrid, the default
-OURS_IN_VLLM = {"vllm-specdec": "HybridProposer", "vllm-specdec-pld": "PromptLookupProposer",
-                "vllm-specdec-suffix": "SuffixProposer"}
+VLLM_METHODS = ("vllm", "vllm-ngram", "vllm-suffix", "vllm-specdec", "vllm-specdec-hybrid")
+# our drafters inside vLLM (decoding/vllm.py): vllm-specdec is the context mixture, the default;
+# vllm-specdec-hybrid, the best chain of the hybrid's tree, runs beside it
+OURS_IN_VLLM = {"vllm-specdec": "MixProposer", "vllm-specdec-hybrid": "HybridProposer",
+                "vllm-specdec-pld": "PromptLookupProposer", "vllm-specdec-suffix": "SuffixProposer"}
 DEFAULT_VENV = REPO / ".venv-vllm"
 
 
@@ -173,7 +174,8 @@ def compare(bench, records: list[dict], results: list[dict], head: dict, methods
                 "stats": None, "plan": None, "text": bench.text(ids), "output_ids": ids})
     head["vllm"] = (f"{engine}; {len(prompts)} first turns, one prompt at a time, each method in its own process "
                     f"(bench/vllm_compare.py); n-gram k={k}, n=1-{pld[0]}; suffix: vLLM's defaults; "
-                    f"vllm-specdec: our hybrid (decoding/vllm.py), k={k}; run once (no repeats)"
+                    f"vllm-specdec: our context mixture, vllm-specdec-hybrid: our hybrid's best chain "
+                    f"(decoding/vllm.py), k={k}; run once (no repeats)"
                     + (f"; failed: {'; '.join(failed)}" if failed else ""))
     head["vllm loads"] = "; ".join(f"{m} {x['s']:.1f} s, peak {x['peak_mem_mib']} MiB (+{x['rise_mib']})"
                                    for m, x in loads.items())

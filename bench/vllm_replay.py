@@ -146,7 +146,8 @@ def main(argv=None) -> None:
     p.add_argument("results", type=Path, help="a bench/run.py results.json with ar first turns")
     p.add_argument("--drafter", default="hybrid", help=f"comma list of {', '.join(DRAFTERS)}")
     p.add_argument("--k", default="10", help="comma list: num_speculative_tokens")
-    p.add_argument("--min-chance", default="0.02", help="comma list: a chain stops below this chance")
+    p.add_argument("--min-chance", default=None,
+                   help="comma list: a chain stops below this chance (default: each drafter's own)")
     p.add_argument("--max-nodes", default="64", help="comma list: candidate nodes a chain is chosen from")
     p.add_argument("--model", default=None, help="tokenizer (default: the results' model)")
     p.add_argument("--hindsight", action="store_true",
@@ -157,11 +158,12 @@ def main(argv=None) -> None:
     for d in drafters:
         if d not in DRAFTERS:
             p.error(f"--drafter must be among {', '.join(DRAFTERS)}, got {d!r}")
-    ks, chances, nodes = _ints(args.k), _floats(args.min_chance), _ints(args.max_nodes)
+    ks, nodes = _ints(args.k), _ints(args.max_nodes)
+    chances = [None] if args.min_chance is None else _floats(args.min_chance)
     for name, vals, lo in (("--k", ks, 1), ("--max-nodes", nodes, 1)):
         if not vals or min(vals) < lo:
             p.error(f"{name} takes integers >= {lo}, got {vals}")
-    if not chances or not all(0.0 <= c < 1.0 for c in chances):
+    if not chances or not all(c is None or 0.0 <= c < 1.0 for c in chances):
         p.error(f"--min-chance takes numbers in [0, 1), got {chances}")
     if not args.results.is_file():
         p.error(f"no results file at {args.results}")
@@ -176,7 +178,8 @@ def main(argv=None) -> None:
     print("| drafter | k | min_chance | max_nodes | tau | sent |" + hind + " " + " | ".join(tasks) + " |")
     print("|---|---:|---:|---:|---:|---:|" + ("---:|" if args.hindsight else "") + "---:|" * len(tasks))
     for d, k, c, n in itertools.product(drafters, ks, chances, nodes):
-        got = replay(VllmDrafterConfig(drafter=d, min_chance=c, max_nodes=n), k, prompts, outputs)
+        cfg = VllmDrafterConfig(drafter=d, min_chance=c, max_nodes=n)
+        got = replay(cfg, k, prompts, outputs)
 
         def tau(rows):
             return sum(g["new_tokens"] for g in rows) / max(sum(g["forwards"] for g in rows), 1)
@@ -184,11 +187,13 @@ def main(argv=None) -> None:
         per = [tau([g for g, r in zip(got, recs) if r["task"] == t]) for t in tasks]
         sent = sum(g["drafted"] for g in got) / max(sum(g["forwards"] for g in got), 1)
         best = ""
-        if args.hindsight:  # the chain's choice, not the trees, is what the setting's min_chance cuts
+        if args.hindsight and d == "mix":  # no tree: its chain is drafted a token at a time
+            best = " |"
+        elif args.hindsight:  # the chain's choice, not the trees, is what the setting's min_chance cuts
             seen = replay(VllmDrafterConfig(drafter=d, max_nodes=n), k, prompts, outputs, hindsight=True)
             best = f" {tau(seen):.3f} |"
-        print(f"| {d} | {k} | {c:g} | {n} | {tau(got):.3f} | {sent:.2f} |{best} " + " | ".join(f"{x:.2f}" for x in per)
-              + " |", flush=True)
+        print(f"| {d} | {k} | {cfg.min_chance:g} | {n} | {tau(got):.3f} | {sent:.2f} |{best} "
+              + " | ".join(f"{x:.2f}" for x in per) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -3,17 +3,20 @@
     from vllm import LLM
     from decoding.vllm import vllm_model_folder
     llm = LLM(model=str(vllm_model_folder()), speculative_config={
-        "method": "custom_class", "model": "decoding.vllm.HybridProposer", "num_speculative_tokens": 10})
+        "method": "custom_class", "model": "decoding.vllm.MixProposer", "num_speculative_tokens": 10})
 
-Three drafters need nothing but the tokens, so they run beside any engine: prompt lookup
+Four drafters need nothing but the tokens, so they run beside any engine: prompt lookup
 (``PromptLookupProposer``), the suffix trie with the store shared by the requests of the
-engine (``SuffixProposer``) and both in one tree (``HybridProposer``: the request's own suffix
-continuations first, then prompt lookup, then the shared store, the order of our ``hybrid``).
-vLLM verifies one chain per request and step, so each step sends the chain of our tree with
-the most expected accepted tokens by our acceptance estimates (decoding/planner.py: per source,
-depth and sibling rank, learned per request and smoothed towards the engine's), at most
-``num_speculative_tokens`` long, cut where a node's chance of acceptance falls below
-``min_chance`` (its first node is always sent, so the estimates keep learning).
+engine (``SuffixProposer``), both in one tree (``HybridProposer``: the request's own suffix
+continuations first, then prompt lookup, then the shared store, the order of our ``hybrid``),
+and the context mixture (``MixProposer``, decoding/context_mix.py: every context length of the
+request's text and of the shared store, weighted by learned reliability, matched again at each
+token of the chain). vLLM verifies one chain per request and step. The tree drafters send the
+chain of their tree with the most expected accepted tokens by our acceptance estimates
+(decoding/planner.py: per source, depth and sibling rank, learned per request and smoothed
+towards the engine's); the mixture drafts its chain a token at a time. Either is at most
+``num_speculative_tokens`` long and cut where its chance of acceptance falls below
+``min_chance`` (its first token is always sent, so the estimates keep learning).
 
 vLLM hands the proposer each row's whole token context and nothing that names the request, so
 a request is followed by its tokens: a row whose context extends the tokens a request had is
@@ -34,6 +37,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 
+from decoding.context_mix import ContextMix, MixConfig
 from decoding.planner import Acceptance, AcceptKey, PlannerConfig, node_estimates, node_keys
 from decoding.prompt_lookup import PromptLookupConfig, lookup_candidates
 from decoding.suffix import SuffixConfig, SuffixState, SuffixStore, SuffixTrie, grow_tree, sync
@@ -42,7 +46,11 @@ from decoding.tree import PLD, StepTree
 if TYPE_CHECKING:  # only for the annotations: vLLM lives in its own venv (make vllm)
     from vllm.config import VllmConfig
 
-DRAFTERS = ("pld", "suffix", "hybrid")
+DRAFTERS = ("pld", "suffix", "hybrid", "mix")
+# the mixture's probabilities run above what is accepted (its chains sent 7.6 tokens per forward at
+# 0.02 where the hybrid's sent 5.5): its bar is higher. Both chosen on the dev split by tokens per
+# forward against tokens sent (bench/results/2026-11-26-cpu-context-mix/NOTES.md)
+DEFAULT_MIN_CHANCE = {"pld": 0.02, "suffix": 0.02, "hybrid": 0.02, "mix": 0.2}
 
 
 @dataclass(slots=True)
@@ -52,19 +60,26 @@ class VllmDrafterConfig:
     # the shared store is what a serving engine has and a single request lacks: on by default
     suffix: SuffixConfig = field(default_factory=lambda: SuffixConfig(shared=True))
     planner: PlannerConfig = field(default_factory=PlannerConfig)
-    # a chain stops before its first node less likely than this to be accepted: a low bar, since
-    # on this CPU a token verified costs vLLM a small part of a forward (a 135M model reads its
-    # weights once per step); raise it where each token sent is dear
-    min_chance: float = 0.02
+    mix: MixConfig = field(default_factory=MixConfig)  # the mix drafter's context mixture
+    # a chain stops before its first node less likely than this to be accepted (None: the drafter's
+    # default, DEFAULT_MIN_CHANCE). A low bar for the tree drafters, whose chances come from
+    # acceptance estimates: on this CPU a token verified costs vLLM a small part of a forward (a
+    # 135M model reads its weights once per step); raise it where each token sent is dear
+    min_chance: Optional[float] = None
     max_nodes: int = 64  # candidate nodes of the tree a chain is chosen from
 
     def __post_init__(self):
         if self.drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {self.drafter!r}")
+        if self.min_chance is None:
+            self.min_chance = DEFAULT_MIN_CHANCE[self.drafter]
         if not 0.0 <= self.min_chance < 1.0:
             raise ValueError(f"min_chance must be in [0, 1), got {self.min_chance}")
         if self.max_nodes < 1:
             raise ValueError(f"max_nodes must be >= 1, got {self.max_nodes}")
+        if self.mix.max_context >= self.suffix.depth:
+            raise ValueError(f"mix.max_context must be below suffix.depth ({self.suffix.depth}), got "
+                             f"{self.mix.max_context}")
 
 
 def best_chain(tree: StepTree, probs: Sequence[float], max_len: int, min_chance: float = 0.0) -> list[int]:
@@ -120,9 +135,10 @@ class TokenDrafter:
         self.k, self.max_model_len = num_speculative_tokens, max_model_len
         self.backend = get_backend("torch")  # prompt lookup's host search (the C byte search)
         sc = self.cfg.suffix
-        use_suffix = self.cfg.drafter in ("suffix", "hybrid")
+        use_suffix = self.cfg.drafter in ("suffix", "hybrid", "mix")
         self.store = SuffixStore(sc.depth, sc.store_nodes) if use_suffix and sc.shared else None
         self.shared = Acceptance(self.cfg.planner)  # the engine's estimate, each request's prior
+        self.mix = ContextMix(self.cfg.mix) if self.cfg.drafter == "mix" else None  # one table per engine
         self.live: dict[int, _Request] = {}  # row -> the request it held at the last call
         self._next_sid = 0
         # totals, for tests and the benchmark: calls, chains drafted, draft tokens, accepted
@@ -155,7 +171,9 @@ class TokenDrafter:
             req.buf = grown
         req.buf[m:n] = row[m:n]
         req.tokens.extend(gained)
-        if self.cfg.drafter != "pld":
+        if self.mix is not None:
+            self._learn(req)
+        elif self.cfg.drafter != "pld":
             sync(req)
         if req.sent:
             # gained = the accepted drafts, then the target's own token (the bonus)
@@ -168,6 +186,19 @@ class TokenDrafter:
             req.acc.streak = a > 0
             self.stats["accepted"] += a
         req.sent, req.keys = [], []
+
+    def _learn(self, req: _Request) -> None:
+        """Index the tokens the request gained one at a time, the mixture learning from each
+        before the request's trie holds it."""
+        tokens, trie, w = req.tokens, req.trie, self.cfg.mix.max_context
+        tries = self._tries(req)
+        for pos in range(max(req.indexed, 1), len(tokens)):
+            self.mix.learn(tries, tokens[max(pos - w, 0):pos], tokens[pos])
+            trie.extend(tokens[pos:pos + 1])
+        req.indexed = len(tokens)
+
+    def _tries(self, req: _Request) -> list[Optional[SuffixTrie]]:
+        return [req.trie, self.store.trie if self.store is not None else None]
 
     def _end(self, req: _Request) -> None:
         if self.store is not None:
@@ -196,6 +227,13 @@ class TokenDrafter:
 
     def draft(self, req: _Request, depth: int) -> list[int]:
         """The chain sent for the request this step (its keys kept to learn from next call)."""
+        if self.mix is not None:
+            req.sent = self.mix.chain(self._tries(req), req.tokens, depth, self.cfg.min_chance)
+            req.keys = []
+            if req.sent:
+                self.stats["drafts"] += 1
+                self.stats["draft_tokens"] += len(req.sent)
+            return req.sent
         tree = self.tree(req, depth)
         if len(tree) == 1:
             return []
@@ -277,6 +315,13 @@ class _VllmProposer:
         return self.drafter_impl.stats
 
 
+class MixProposer(_VllmProposer):
+    """Every context length of the request's own text and of the shared store, mixed by learned
+    reliability, matched again at each token of the chain (decoding/context_mix.py)."""
+
+    drafter = "mix"
+
+
 class HybridProposer(_VllmProposer):
     """The request's own suffix continuations, prompt lookup and the shared suffix store."""
 
@@ -295,7 +340,7 @@ class SuffixProposer(_VllmProposer):
     drafter = "suffix"
 
 
-PROPOSERS = {"pld": PromptLookupProposer, "suffix": SuffixProposer, "hybrid": HybridProposer}
+PROPOSERS = {"pld": PromptLookupProposer, "suffix": SuffixProposer, "hybrid": HybridProposer, "mix": MixProposer}
 
 
 def vllm_model_folder(model: Optional[str] = None, cache_dir: Optional[Path] = None) -> Path:

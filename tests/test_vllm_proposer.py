@@ -49,7 +49,7 @@ def tree_of(chains):
 
 def test_imports_without_vllm():
     assert "vllm" not in sys.modules or hasattr(sys.modules["vllm"], "LLM")  # nothing here imported it
-    assert set(PROPOSERS) == {"pld", "suffix", "hybrid"}
+    assert set(PROPOSERS) == {"pld", "suffix", "hybrid", "mix"}
 
 
 def test_best_chain_takes_the_most_expected_tokens():
@@ -163,7 +163,8 @@ def test_compare_vllm_without_its_venv_says_how_to_build_it(tmp_path):
 
     with pytest.raises(ValueError, match="make vllm"):
         vllm_python(tmp_path / "no-venv")
-    assert speculative_config("vllm-specdec", 10, (3, 10))["model"] == "decoding.vllm.HybridProposer"
+    assert speculative_config("vllm-specdec", 10, (3, 10))["model"] == "decoding.vllm.MixProposer"
+    assert speculative_config("vllm-specdec-hybrid", 10, (3, 10))["model"] == "decoding.vllm.HybridProposer"
     assert speculative_config("vllm-ngram", 10, (3, 10))["prompt_lookup_max"] == 3
     with pytest.raises(ValueError, match="unknown vLLM method"):
         speculative_config("vllm-eagle", 10, (3, 10))
