@@ -77,12 +77,12 @@ RUNS = [
      "below what it measured (the step-planner table of its results.md), so it sent drafts that did not "
      "pay. Every output identical to `ar`'s. Texts and token ids removed from the JSON."),
     ("bench/results/2026-11-26-cpu-vllm-mix/results.json",
-     "The same command (OMP_NUM_THREADS=1) with vllm-specdec now the context mixture (decoding/context_mix.py) "
-     "and the hybrid's best chain beside it (vllm-specdec-hybrid). Every vLLM output equalled vLLM plain's and "
-     "our ar's. Engines not interleaved. Inside vLLM the mixture took the fewest forwards (tau 1.76 against the "
-     "hybrid's 1.71 and n-gram's 1.66) but not the least time (23.7 tokens/s against the hybrid's 24.5): a gap "
-     "within the run's drift (bench/results/2026-11-26-cpu-context-mix/NOTES.md). Our ar 1.36x vLLM plain; our "
-     "best (hybrid, 27.5) 1.19x vLLM's best (its suffix, 23.1)."),
+     "The same command (OMP_NUM_THREADS=1) with our context mixture inside vLLM beside the hybrid's chain "
+     "(vllm-specdec-mix; it ran as vllm-specdec and was relabelled). Every vLLM output equalled vLLM plain's and "
+     "our ar's. Engines not interleaved. The mixture took the fewest forwards (tau 1.76 against the hybrid's "
+     "1.71 and n-gram's 1.66) but more time (23.7 tokens/s against 24.5), as in every alternated run after it "
+     "(bench/results/2026-11-26-cpu-context-mix/NOTES.md). Our ar 1.36x vLLM plain; our best (hybrid, 27.5) "
+     "1.19x vLLM's best (its suffix, 23.1)."),
     ("bench/results/2026-11-26-cpu-vllm-1thread-attention/results.json",
      "The same command (OMP_NUM_THREADS=1) after the attention kernel's spread prefetch (ours only; on one thread "
      "the contiguous task ranges change nothing). Every vLLM output equalled vLLM plain's and our ar's. Engines "

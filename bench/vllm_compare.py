@@ -31,10 +31,11 @@ from pathlib import Path
 from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
-VLLM_METHODS = ("vllm", "vllm-ngram", "vllm-suffix", "vllm-specdec", "vllm-specdec-hybrid")
-# our drafters inside vLLM (decoding/vllm.py): vllm-specdec is the context mixture, the default;
-# vllm-specdec-hybrid, the best chain of the hybrid's tree, runs beside it
-OURS_IN_VLLM = {"vllm-specdec": "MixProposer", "vllm-specdec-hybrid": "HybridProposer",
+VLLM_METHODS = ("vllm", "vllm-ngram", "vllm-suffix", "vllm-specdec", "vllm-specdec-mix")
+# our drafters inside vLLM (decoding/vllm.py): vllm-specdec is the best chain of the hybrid's tree,
+# the fastest inside vLLM on the CPU; vllm-specdec-mix, the context mixture, takes fewer forwards
+# but its forwards ran slower there (bench/results/2026-11-26-cpu-context-mix/NOTES.md)
+OURS_IN_VLLM = {"vllm-specdec": "HybridProposer", "vllm-specdec-mix": "MixProposer",
                 "vllm-specdec-pld": "PromptLookupProposer", "vllm-specdec-suffix": "SuffixProposer"}
 DEFAULT_VENV = REPO / ".venv-vllm"
 
@@ -174,7 +175,7 @@ def compare(bench, records: list[dict], results: list[dict], head: dict, methods
                 "stats": None, "plan": None, "text": bench.text(ids), "output_ids": ids})
     head["vllm"] = (f"{engine}; {len(prompts)} first turns, one prompt at a time, each method in its own process "
                     f"(bench/vllm_compare.py); n-gram k={k}, n=1-{pld[0]}; suffix: vLLM's defaults; "
-                    f"vllm-specdec: our context mixture, vllm-specdec-hybrid: our hybrid's best chain "
+                    f"vllm-specdec: our hybrid's best chain, vllm-specdec-mix: our context mixture "
                     f"(decoding/vllm.py), k={k}; run once (no repeats)"
                     + (f"; failed: {'; '.join(failed)}" if failed else ""))
     head["vllm loads"] = "; ".join(f"{m} {x['s']:.1f} s, peak {x['peak_mem_mib']} MiB (+{x['rise_mib']})"

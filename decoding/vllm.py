@@ -3,7 +3,7 @@
     from vllm import LLM
     from decoding.vllm import vllm_model_folder
     llm = LLM(model=str(vllm_model_folder()), speculative_config={
-        "method": "custom_class", "model": "decoding.vllm.MixProposer", "num_speculative_tokens": 10})
+        "method": "custom_class", "model": "decoding.vllm.HybridProposer", "num_speculative_tokens": 10})
 
 Four drafters need nothing but the tokens, so they run beside any engine: prompt lookup
 (``PromptLookupProposer``), the suffix trie with the store shared by the requests of the
@@ -48,8 +48,9 @@ if TYPE_CHECKING:  # only for the annotations: vLLM lives in its own venv (make 
 
 DRAFTERS = ("pld", "suffix", "hybrid", "mix")
 # the mixture's probabilities run above what is accepted (its chains sent 7.6 tokens per forward at
-# 0.02 where the hybrid's sent 5.5): its bar is higher. Both chosen on the dev split by tokens per
-# forward against tokens sent (bench/results/2026-11-26-cpu-context-mix/NOTES.md)
+# 0.02 where the hybrid's sent 5.5): its bar is higher, chosen on the dev split by tokens per forward
+# against tokens sent. Inside vLLM on the CPU the hybrid at 0.1 was slower than at 0.02 (more
+# forwards, none cheaper): bench/results/2026-11-26-cpu-context-mix/NOTES.md
 DEFAULT_MIN_CHANCE = {"pld": 0.02, "suffix": 0.02, "hybrid": 0.02, "mix": 0.2}
 
 

@@ -139,7 +139,7 @@ def test_mix_proposer_drafts_from_its_text_and_the_store():
 
 
 def test_mix_replays_at_least_the_hybrids_tokens_per_forward_on_the_recorded_prompts():
-    # the reason it is vllm-specdec's drafter (bench/results/2026-11-26-cpu-context-mix/NOTES.md)
+    # what it is for: fewer forwards than the hybrid's chains (bench/results/2026-11-26-cpu-context-mix/NOTES.md)
     run = json.loads((Path(__file__).with_name("data") / "vllm_replay_run.json").read_text())
     prompts, outputs = [r["prompt_ids"] for r in run["requests"]], [r["output_ids"] for r in run["requests"]]
 

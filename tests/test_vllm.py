@@ -45,7 +45,7 @@ def plain(prompts):
     return run("vllm", prompts)
 
 
-@pytest.mark.parametrize("method", ["vllm-specdec", "vllm-specdec-hybrid", "vllm-specdec-pld", "vllm-specdec-suffix"])
+@pytest.mark.parametrize("method", ["vllm-specdec", "vllm-specdec-mix", "vllm-specdec-pld", "vllm-specdec-suffix"])
 def test_ours_in_vllm_is_vllm_plain_greedy(method, prompts, plain):
     ours = run(method, prompts)
     for i, (a, b) in enumerate(zip(plain, ours)):

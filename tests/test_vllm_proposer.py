@@ -163,8 +163,8 @@ def test_compare_vllm_without_its_venv_says_how_to_build_it(tmp_path):
 
     with pytest.raises(ValueError, match="make vllm"):
         vllm_python(tmp_path / "no-venv")
-    assert speculative_config("vllm-specdec", 10, (3, 10))["model"] == "decoding.vllm.MixProposer"
-    assert speculative_config("vllm-specdec-hybrid", 10, (3, 10))["model"] == "decoding.vllm.HybridProposer"
+    assert speculative_config("vllm-specdec", 10, (3, 10))["model"] == "decoding.vllm.HybridProposer"
+    assert speculative_config("vllm-specdec-mix", 10, (3, 10))["model"] == "decoding.vllm.MixProposer"
     assert speculative_config("vllm-ngram", 10, (3, 10))["prompt_lookup_max"] == 3
     with pytest.raises(ValueError, match="unknown vLLM method"):
         speculative_config("vllm-eagle", 10, (3, 10))
