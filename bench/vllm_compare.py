@@ -34,7 +34,8 @@ REPO = Path(__file__).resolve().parent.parent
 VLLM_METHODS = ("vllm", "vllm-ngram", "vllm-suffix", "vllm-specdec", "vllm-specdec-mix")
 # our drafters inside vLLM (decoding/vllm.py): vllm-specdec is the best chain of the hybrid's tree,
 # the fastest inside vLLM on the CPU; vllm-specdec-mix, the context mixture, takes fewer forwards
-# but its forwards ran slower there (bench/results/2026-11-26-cpu-context-mix/NOTES.md)
+# but slower ones there: its chains are 1 or 10 tokens long, where vLLM's CPU step costs most
+# (bench/results/2026-11-26-cpu-context-mix/NOTES.md)
 OURS_IN_VLLM = {"vllm-specdec": "HybridProposer", "vllm-specdec-mix": "MixProposer",
                 "vllm-specdec-pld": "PromptLookupProposer", "vllm-specdec-suffix": "SuffixProposer"}
 DEFAULT_VENV = REPO / ".venv-vllm"

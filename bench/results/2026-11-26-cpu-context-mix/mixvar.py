@@ -53,3 +53,59 @@ class Hyb01(HybridProposer):
 class Hyb005(HybridProposer):
     def __init__(self, vllm_config):
         super().__init__(vllm_config, VllmDrafterConfig(drafter="hybrid", min_chance=0.05))
+
+
+class HybWithMixWork(HybridProposer):
+    """The hybrid's chains, sent; the mixture's learning and chain computed beside them and
+    dropped: the mixture's host work without its drafts."""
+
+    def __init__(self, vllm_config):
+        super().__init__(vllm_config)
+        from decoding.context_mix import ContextMix
+
+        impl = self.drafter_impl
+        impl.shadow = ContextMix()
+        draft, extend = impl.draft, impl._extend
+
+        def shadow_extend(req, row, n, extend=extend):
+            m = len(req.tokens)
+            extend(req, row, n)  # syncs the trie with the new tokens (the hybrid's way)
+            tries = [req.trie, impl.store.trie if impl.store is not None else None]
+            for pos in range(max(m, 1), len(req.tokens)):  # learns after the trie holds them: same work
+                impl.shadow.learn(tries, req.tokens[max(pos - 8, 0):pos], req.tokens[pos])
+
+        def shadow_draft(req, depth, draft=draft):
+            tries = [req.trie, impl.store.trie if impl.store is not None else None]
+            impl.shadow.chain(tries, req.tokens, depth, 0.2)
+            return draft(req, depth)
+
+        impl._extend, impl.draft = shadow_extend, shadow_draft
+
+
+LAST = []  # each call's draft lengths, read by steps_by_length.py in the same process
+
+
+class _Logged:
+    def propose(self, *a, **k):
+        out = super().propose(*a, **k)
+        LAST.append([len(x) for x in out])
+        return out
+
+
+class MixL(_Logged, MixProposer):
+    pass
+
+
+class HybL(_Logged, HybridProposer):
+    pass
+
+
+CURVE = (47.0, 57.0, 47.4, 41.5, 42.0, 47.0, 55.7, 60.0, 60.0, 63.0, 60.0)
+
+
+class HybCut(HybridProposer):
+    """The hybrid, chains cut by the measured step-cost curve (min_chance 0). Needs
+    draft_cost.patch (VllmDrafterConfig.draft_cost), which is not in the code."""
+
+    def __init__(self, vllm_config):
+        super().__init__(vllm_config, VllmDrafterConfig(drafter="hybrid", min_chance=0.0, draft_cost=CURVE))
