@@ -228,24 +228,20 @@ class TokenDrafter:
 
     def draft(self, req: _Request, depth: int) -> list[int]:
         """The chain sent for the request this step (its keys kept to learn from next call)."""
-        if self.mix is not None:
-            req.sent = self.mix.chain(self._tries(req), req.tokens, depth, self.cfg.min_chance)
-            req.keys = []
-            if req.sent:
-                self.stats["drafts"] += 1
-                self.stats["draft_tokens"] += len(req.sent)
-            return req.sent
-        tree = self.tree(req, depth)
-        if len(tree) == 1:
-            return []
-        probs, _ = node_estimates(tree, req.acc)
-        # a chain cut to nothing still sends its best first node: the estimates learn only from
-        # what is sent, so a request whose estimates fell below the bar would otherwise never
-        # draft again (replayed on the dev split, min_chance 0.1 gave tau 1.01 without this and 2.04
-        # with it: bench/results/2026-11-26-cpu-vllm-replay/NOTES.md)
-        nodes = best_chain(tree, probs, depth, self.cfg.min_chance) or best_chain(tree, probs, 1)
-        req.sent = [tree.tokens[v] for v in nodes]
-        req.keys = [node_keys(tree, v, req.acc.streak) for v in nodes]
+        if self.mix is not None:  # learns from the request's tokens, not from its chains: no keys
+            req.sent, req.keys = self.mix.chain(self._tries(req), req.tokens, depth, self.cfg.min_chance), []
+        else:
+            tree = self.tree(req, depth)
+            if len(tree) == 1:
+                return []
+            probs, _ = node_estimates(tree, req.acc)
+            # a chain cut to nothing still sends its best first node: the estimates learn only from
+            # what is sent, so a request whose estimates fell below the bar would otherwise never
+            # draft again (replayed on the dev split, min_chance 0.1 gave tau 1.01 without this and
+            # 2.04 with it: bench/results/2026-11-26-cpu-vllm-replay/NOTES.md)
+            nodes = best_chain(tree, probs, depth, self.cfg.min_chance) or best_chain(tree, probs, 1)
+            req.sent = [tree.tokens[v] for v in nodes]
+            req.keys = [node_keys(tree, v, req.acc.streak) for v in nodes]
         if req.sent:
             self.stats["drafts"] += 1
             self.stats["draft_tokens"] += len(req.sent)
