@@ -100,6 +100,13 @@ def test_cli_replays_a_benchmark_results_file(tmp_path, capsys):
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| pld") or
             line.startswith("| hybrid")]
     assert len(rows) == 4  # every combination of the settings
+    # each drafter's own bar by default; the mixture has no tree, so no hindsight bound
+    main([str(res), "--drafter", "mix,hybrid", "--hindsight"])
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in capsys.readouterr().out.splitlines()
+             if line.startswith(("| mix", "| hybrid"))]
+    rows = {c[0]: c for c in cells}  # drafter, k, min_chance, max_nodes, tau, sent, hindsight, tasks ...
+    assert rows["mix"][2] == "0.2" and rows["hybrid"][2] == "0.02"
+    assert rows["mix"][6] == "" and float(rows["hybrid"][6]) >= float(rows["hybrid"][4])
     # a record that is not a suite prompt is named
     records[0]["id"] = "not-a-suite-id"
     res.write_text(json.dumps({"header": {"model": "smollm2 (llama)"}, "records": records}))
