@@ -19,7 +19,6 @@ from decoding.proposer import Budget, Context, Outcome, Proposer, Sequence, SeqS
 from decoding.sampling import SamplingParams, probs_from_logits, sample
 from decoding.stats import SeqStats, StepClock
 from decoding.tree import StepTree
-from kernels.rows import argmax_rows, argmax_topk_rows
 from models.llama import Transformer
 from models.runner import ModelRunner, StepInput
 
@@ -177,9 +176,13 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
     sent = [t if len(k) == len(t) else t.subtree(k)[0] for t, k in zip(trees, keep)]
     rows = [{node: j for j, node in enumerate(t.logit_nodes())} for t in sent]
     mark("plan")
-    logits = runner.step([_step_input(sid, t, list(r)) for sid, t, r in zip(sids, sent, rows)],
-                         None if clock is None else mark)
-    tops = [_reduce_rows(lg, proposer.top_k) if ctx.sampling.greedy else (None, None) for lg in logits]
+    inputs = [_step_input(sid, t, list(r)) for sid, t, r in zip(sids, sent, rows)]
+    if ctx.sampling.greedy:  # the argmax / top-k of every row, and the logits only if asked for
+        reduced = runner.step_greedy(inputs, proposer.top_k, None if clock is None else mark)
+        logits, tops = [lg for lg, _, _ in reduced], [(top1, topk) for _, top1, topk in reduced]
+    else:
+        logits = runner.step(inputs, None if clock is None else mark)
+        tops = [(None, None)] * len(logits)
     verdicts = [proposer.verify(st, t, lg, r, ctx.sampling, top1=top1)  # top1: None when sampling
                 for st, t, lg, r, (top1, _) in zip(states, sent, logits, rows, tops)]
     mark("verify")
@@ -200,13 +203,6 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
 
 def _no_mark(phase: str) -> None:
     pass
-
-
-def _reduce_rows(logits: torch.Tensor, k: int) -> tuple[list[int], Optional[list[list[int]]]]:
-    """Every row's argmax and, for ``k`` > 1, its top-k: one pass over the rows."""
-    if k > 1:
-        return argmax_topk_rows(logits, min(k, logits.shape[-1]))
-    return argmax_rows(logits), None
 
 
 def _notify(on_tokens, seqs: list[Sequence], new: list[list[int]]) -> None:

@@ -27,6 +27,7 @@ from decoding.stats import SeqStats
 from decoding.tree import StepTree
 from decoding.verify import verify
 from kernels.rows import argmax_rows, argmax_topk_rows
+from models.runner import logits_tensor
 
 
 @dataclass(eq=False)
@@ -91,7 +92,9 @@ class Outcome:
     tree: StepTree
     path: list[int]  # accepted nodes, root (0) first
     new_tokens: list[int]  # what the sequence gained (accepted drafts + bonus, cut at EOS / length)
-    logits: torch.Tensor  # (R, V) fp32 rows the forward computed for this sequence
+    # (R, V) fp32 rows the forward computed for this sequence: a tensor, or a models.runner.StepLogits
+    # (greedy: multiplied out only if asked; ``logits_tensor`` gives the tensor either way)
+    logits: torch.Tensor
     rows: dict[int, int]  # node -> its row in ``logits`` (nodes that were sent and needed logits)
     sent: int  # query tokens the step sent for this sequence
     # per row: the argmax and the top-k (reduced once, cached for later calls)
@@ -114,7 +117,7 @@ class Outcome:
         if not nodes:
             return []
         if self._top1 is None:  # every row at once (no gathered copy of the rows), kept for later calls
-            self._top1 = argmax_rows(self.logits)
+            self._top1 = argmax_rows(logits_tensor(self.logits))
         return [self._top1[self.rows[n]] for n in nodes]
 
     def top_rows(self, k: int) -> list[list[int]]:
@@ -123,7 +126,7 @@ class Outcome:
         k = min(k, self.logits.shape[-1])
         have = len(self._topk[0]) if self._topk else 0  # the k reduced so far
         if have < k:
-            self._top1, self._topk = argmax_topk_rows(self.logits, k)
+            self._top1, self._topk = argmax_topk_rows(logits_tensor(self.logits), k)
             have = k
         return self._topk if have == k else [row[:k] for row in self._topk]
 

@@ -17,6 +17,7 @@ import torch
 from decoding.sampling import SamplingParams, probs_from_logits, sample
 from decoding.tree import DRAFT, StepTree
 from kernels.rows import argmax_rows
+from models.runner import logits_tensor
 
 
 def _uniform(generator: Optional[torch.Generator]) -> float:
@@ -31,9 +32,9 @@ def verify(tree: StepTree, logits: torch.Tensor, rows: dict[int, int], sampling:
     nodes = [n for n in rows if tree.candidate[n]]
     if sampling.greedy:  # argmax of every row (no gathered copy of the rows), then picked
         if top1 is None:
-            top1 = argmax_rows(logits)
+            top1 = argmax_rows(logits_tensor(logits))
         return verify_greedy(tree, {n: top1[rows[n]] for n in nodes})
-    probs = probs_from_logits(logits[[rows[n] for n in nodes]], sampling)
+    probs = probs_from_logits(logits_tensor(logits)[[rows[n] for n in nodes]], sampling)
     return verify_sampling(tree, dict(zip(nodes, probs)), generator)
 
 

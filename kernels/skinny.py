@@ -126,6 +126,12 @@ def _chosen_isa() -> tuple[Optional[str], Optional[str]]:
     return runs[-1], None
 
 
+def _extra_flags(isa: str) -> list[str]:
+    """Optional extensions of an instruction set this CPU has: AVX512-BF16 for the LM head's
+    screen (``head_topk``); without it the build has no screen and the head is multiplied out."""
+    return ["-mavx512bf16"] if isa == "avx512" and "avx512_bf16" in cpu_flags() else []
+
+
 def _build(isa: str) -> tuple[ctypes.CDLL, str]:
     if isa in _built:
         return _built[isa]
@@ -133,7 +139,7 @@ def _build(isa: str) -> tuple[ctypes.CDLL, str]:
     if cc is None:
         raise RuntimeError("no C compiler found ($CC, cc, gcc)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    flags = FLAGS + ISAS[isa][0]
+    flags = FLAGS + ISAS[isa][0] + _extra_flags(isa)
     src = b"".join(f.read_bytes() for f in SOURCES + HEADERS)
     tag = hashlib.sha256(src + " ".join(flags + LIBS).encode() + version.encode()).hexdigest()[:16]
     out = _cache_dir() / f"skinny-{isa}-{tag}.so"
@@ -176,6 +182,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.skinny_topk.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_int, ctypes.c_void_p,
                                                                             ctypes.c_void_p]
     lib.skinny_topk.restype = ctypes.c_int64
+    lib.skinny_head_topk.argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 3 + [ctypes.c_int] + \
+        [ctypes.c_void_p] * 5 + [ctypes.c_int]
+    lib.skinny_head_topk.restype = ctypes.c_int
+    lib.skinny_head_available.argtypes = []
+    lib.skinny_head_available.restype = ctypes.c_int
     lib.roofline_fma_peak.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int]
     lib.roofline_fma_peak.restype = ctypes.c_double
     lib.roofline_read_bandwidth.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
@@ -509,3 +520,84 @@ def topk_unchecked(lib: ctypes.CDLL, x: torch.Tensor, k: int) -> tuple[list[list
     bad = torch.empty(x.shape[0], dtype=torch.int64)
     n_bad = lib.skinny_topk(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), k, idx.data_ptr(), bad.data_ptr())
     return idx.tolist(), bad[:n_bad].tolist()
+
+
+# ---- the LM head's greedy top-k, screened in bf16 (cpu/skinny_gemm.c, skinny_head_topk) ---------
+class HeadScreen:
+    """What the screen keeps of an LM head weight W (N, K), fp32 CPU: its bf16 copy (rounded to
+    nearest even) and per row the norms of the bound, |W - bf16(W)|, |bf16(W)| and |W| (half
+    the head's bytes again). ``stale()``: W was written or moved since (build it again)."""
+
+    def __init__(self, weight: torch.Tensor):
+        _check_f32("weight", weight)
+        if weight.dim() != 2 or weight.shape[0] < 1 or weight.shape[1] < 1:
+            raise ValueError(f"weight must be (N, K) with N, K >= 1, got {tuple(weight.shape)}")
+        w = weight.detach()
+        self.weight = w
+        self.key = (w.data_ptr(), w._version, tuple(w.shape))
+        self.wb = w.to(torch.bfloat16)
+        e, wbn, wfn = (torch.empty(w.shape[0], dtype=torch.float32) for _ in range(3))
+        for a in range(0, w.shape[0], 4096):  # in float64, a slice at a time (a full copy would be 4x W)
+            wd, wbd = w[a:a + 4096].double(), self.wb[a:a + 4096].double()
+            e[a:a + 4096], wbn[a:a + 4096], wfn[a:a + 4096] = (wd - wbd).norm(dim=1), wbd.norm(dim=1), wd.norm(dim=1)
+        if not bool(torch.isfinite(wfn).all()):
+            raise ValueError("weight must be finite for the screen")
+        self.e, self.wbn, self.wfn = e, wbn, wfn
+
+    def stale(self) -> bool:
+        w = self.weight
+        return self.key != (w.data_ptr(), w._version, tuple(w.shape))
+
+
+def head_available() -> bool:
+    """Whether the active build has the LM head's screen (AVX512-BF16: Zen 4, Sapphire Rapids)."""
+    lib = _load()
+    return lib is not None and lib.skinny_head_available() == 1
+
+
+def head_topk(h: torch.Tensor, screen: HeadScreen, k: int, threads: Optional[int] = None,
+              candidates: Optional[list] = None) -> tuple[torch.Tensor, list[int]]:
+    """The top-k token ids of each row of ``h @ W.T`` (h (M, K) fp32, W = ``screen.weight``),
+    largest first, equal logits in index order, exactly as ``head_topk_ref`` (the top-k of
+    ``skinny_linear(h, W)``) without computing the logits: screened in bf16, and only the few
+    tokens the screen's bound cannot rule out computed in fp32. Returns (idx (M, k) int64, the
+    rows it left to the caller: a row whose screen is not finite). ``candidates``: filled with
+    each row's count of exactly computed tokens."""
+    lib = _require()
+    if not head_available():
+        raise RuntimeError("the LM head screen needs a build with AVX512-BF16 (head_available() is False)")
+    _check_f32("h", h)
+    n, kd = screen.weight.shape
+    if h.dim() != 2 or h.shape[1] != kd:
+        raise ValueError(f"h must be (M, {kd}), got {tuple(h.shape)}")
+    if not isinstance(k, int) or not 1 <= k <= min(MAX_TOPK, n):
+        raise ValueError(f"k must be in [1, {min(MAX_TOPK, n)}], got {k!r}")
+    if screen.stale():
+        raise ValueError("screen is stale: its weight was written or moved since it was built")
+    threads = _threads(threads)
+    m = h.shape[0]
+    idx = torch.empty(m, k, dtype=torch.int64)
+    if m == 0:
+        return idx, []
+    hb = h.to(torch.bfloat16)
+    hd = h.double()
+    hn, dn = hd.norm(dim=1).float(), (hd - hb.double()).norm(dim=1).float()
+    z = torch.empty(m, n, dtype=torch.float32)
+    cand = torch.empty(min(threads, m), n, dtype=torch.int64)
+    bad = torch.zeros(m, dtype=torch.int64)
+    n_cand = torch.zeros(m, dtype=torch.int64)
+    lib.skinny_head_topk(h.data_ptr(), hb.data_ptr(), screen.weight.data_ptr(), screen.wb.data_ptr(),
+                         hn.data_ptr(), dn.data_ptr(), screen.e.data_ptr(), screen.wbn.data_ptr(),
+                         screen.wfn.data_ptr(), m, n, kd, k, z.data_ptr(), cand.data_ptr(), idx.data_ptr(),
+                         bad.data_ptr(), n_cand.data_ptr(), threads)
+    if candidates is not None:
+        candidates.extend(n_cand.tolist())
+    return idx, [r for r, b in enumerate(bad.tolist()) if b]
+
+
+def head_topk_ref(h: torch.Tensor, weight: torch.Tensor, k: int) -> list[list[int]]:
+    """The reference: the top-k of the logits ``skinny_linear(h, weight)`` multiplied out, largest
+    first, equal values in index order."""
+    logits = skinny_linear(h, weight)
+    vals, ids = torch.sort(logits, dim=1, descending=True, stable=True)
+    return ids[:, :k].tolist()

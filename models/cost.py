@@ -216,7 +216,9 @@ def _key(model, context: int) -> dict:
                       cfg.num_kv_heads, cfg.head_dim],
             "products": hashlib.sha256(tables.encode()).hexdigest()[:16],
             # the CPU kernels' build (kernels/skinny.py): new kernels, new costs
-            "kernels": skinny.build_tag() if model.device.type == "cpu" else None}
+            "kernels": skinny.build_tag() if model.device.type == "cpu" else None,
+            # greedy steps' LM head: screened in bf16 (the logits not multiplied out) or not
+            "head_screen": model.head_screen() is not None}
 
 
 def step_cost(model, cache_dir: Path | str, context: int = 256, reps: int = 3, measure=None, probe=None,
@@ -445,7 +447,9 @@ def measure_step_cost(model, context: int = 256, reps: int = 3) -> StepCost:
         """Time one forward of ``inputs``; keep the fastest over the rounds."""
         tokens, meta, idx = runner.prepare(inputs)
         t = time.perf_counter()
-        runner.forward(tokens, meta, idx)  # from a CUDA graph where the model replays them
+        # a greedy step's forward: from a CUDA graph where the model replays them, with the LM head's
+        # screen where it has one (the logits are not multiplied out there)
+        runner.forward_greedy(tokens, meta, idx)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         best[key] = min(best.get(key, float("inf")), (time.perf_counter() - t) * 1e3)
@@ -515,7 +519,7 @@ def probe_step_cost(model, context: int = 256, tokens: tuple[int, ...] = CHECK_T
                 start = time.perf_counter()
             for T, (toks, meta, idx) in steps.items():
                 t = time.perf_counter()
-                runner.forward(toks, meta, idx)
+                runner.forward_greedy(toks, meta, idx)
                 if model.device.type == "cuda":
                     torch.cuda.synchronize(model.device)
                 if r:  # round 0 warms up

@@ -6,6 +6,7 @@ It knows nothing about decoding methods; attention and KV writes go through the 
 """
 
 import ctypes
+import os
 import math
 from typing import Optional
 
@@ -184,6 +185,7 @@ class Transformer(nn.Module):
         k_cache: torch.Tensor,  # (num_layers, num_blocks, block_size, n_kv_heads, head_dim)
         v_cache: torch.Tensor,
         logits_idx: Optional[torch.Tensor] = None,  # (R,) rows of the step that need logits; None = all
+        hidden: bool = False,  # return the final norm's rows (R, hidden), not the logits (``head`` makes them)
     ) -> torch.Tensor:  # (R, vocab) fp32
         h = self.embed(tokens)
         # RoPE angles in fp32 from explicit positions (tree / window tokens share positions).
@@ -197,7 +199,25 @@ class Transformer(nn.Module):
             h = h[logits_idx]
         eps = self.cfg.rms_norm_eps
         h = fused_rms_norm(h, self.norm, eps) if self.backend.fused_ops else rms_norm(h, self.norm, eps)
+        return h if hidden else self.head(h)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """The logits (R, vocab) fp32 of the final norm's rows h (R, hidden)."""
         return product(h, self.head_weight, None, self.head_plan).float()
+
+    def head_screen(self) -> Optional[skinny.HeadScreen]:
+        """The LM head's bf16 screen (kernels/skinny.py ``head_topk``: the greedy top-k of the
+        logits without computing them) where the active CPU build has one and the head is fp32
+        on the CPU; built on first use and again after the weight changed. None elsewhere, or
+        with ``SPECDEC_HEAD_SCREEN=0``."""
+        w = self.head_weight
+        if (os.environ.get("SPECDEC_HEAD_SCREEN", "1") == "0" or w.device.type != "cpu" or w.dtype != torch.float32
+                or not w.is_contiguous() or not skinny.head_available()):
+            return None
+        screen = self.__dict__.get("_head_screen")
+        if screen is None or screen.stale() or screen.weight.data_ptr() != w.data_ptr():
+            screen = self.__dict__["_head_screen"] = skinny.HeadScreen(w)
+        return screen
 
     def _whole_stack(self, h, meta: StepMeta, plan, k_cache, v_cache, cos, sin) -> bool:
         """Every layer in one C call (kernels/cpu/skinny_layers.c: the same kernels in the same

@@ -11,8 +11,10 @@ from typing import Callable, Optional
 
 import torch
 
+from kernels import skinny
 from kernels.backend import StepMeta
 from kernels.mask import pack_mask, tree_mask_words
+from kernels.rows import argmax_rows, argmax_topk_rows
 from models.kv_cache import PagedKVCache
 from models.llama import Transformer
 
@@ -31,6 +33,30 @@ class StepInput:
     # or the step as a tree: parents[i] < i is row i's parent (-1 for row 0); row i sees its
     # ancestors and itself. The same as the mask it implies, packed without building it
     parents: Optional[list[int]] = None
+
+
+class StepLogits:
+    """One sequence's logits rows of a step, (R, vocab) fp32: given, or multiplied out from the
+    final norm's rows on the first ``tensor()`` call (greedy decoding with an LM head screen
+    reads only their argmax / top-k, which come with them, and never asks)."""
+
+    def __init__(self, model: Transformer, tensor: Optional[torch.Tensor] = None,
+                 hidden: Optional[torch.Tensor] = None):
+        self._model, self._tensor, self._hidden = model, tensor, hidden
+        rows = tensor.shape[0] if tensor is not None else hidden.shape[0]
+        self.shape = torch.Size((rows, model.cfg.vocab_size))
+
+    def tensor(self) -> torch.Tensor:
+        if self._tensor is None:
+            with torch.inference_mode():
+                self._tensor = self._model.head(self._hidden)
+            self._hidden = None
+        return self._tensor
+
+
+def logits_tensor(x) -> torch.Tensor:
+    """x itself when it is a tensor, else ``x.tensor()`` (a ``StepLogits``)."""
+    return x if isinstance(x, torch.Tensor) else x.tensor()
 
 
 class ModelRunner:
@@ -180,14 +206,76 @@ class ModelRunner:
         return out
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, meta: StepMeta, idx: Optional[torch.Tensor]) -> torch.Tensor:
+    def step_greedy(self, inputs: list[StepInput], k: int = 1, mark: Optional[Callable[[str], None]] = None
+                    ) -> list[tuple["StepLogits", list[int], Optional[list[list[int]]]]]:
+        """``step`` for greedy decoding: per input (its logits rows, multiplied out only when
+        asked; every row's argmax; for ``k`` > 1 every row's top-k, else None). Where the
+        model has an LM head screen (``Transformer.head_screen``: an fp32 CPU head and a build
+        with AVX512-BF16) the argmax and top-k come from it, the logits are not computed, and
+        the answers are those of the skinny product's logits, bit for bit; elsewhere from the
+        logits (``kernels.rows``)."""
+        if self.head_screen(k) is None:
+            out = []
+            for lg in self.step(inputs, mark):
+                kk = max(1, min(k, lg.shape[-1]))
+                top1, topk = argmax_topk_rows(lg, kk) if kk > 1 else (argmax_rows(lg), None)
+                out.append((StepLogits(self.model, tensor=lg), top1, topk))
+            return out
+        prepared = self.prepare(inputs)
+        if mark is not None:
+            mark("pack")
+        h, top = self.forward_screened(*prepared, k=k)
+        if mark is not None:
+            mark("forward")
+        out, start = [], 0
+        for inp in inputs:
+            r = len(inp.tokens) if inp.logits_rows is None else len(inp.logits_rows)
+            rows = top[start:start + r]
+            out.append((StepLogits(self.model, hidden=h[start:start + r]), [t[0] for t in rows],
+                        rows if k > 1 else None))
+            start += r
+        return out
+
+    def head_screen(self, k: int = 1) -> Optional[skinny.HeadScreen]:
+        """The model's LM head screen where greedy steps of this runner use it (``step_greedy``)
+        for a top-``k``: eager forwards (no CUDA graphs), k <= ``kernels.skinny.MAX_TOPK``."""
+        return self.model.head_screen() if self.graphs is None and k <= skinny.MAX_TOPK else None
+
+    @torch.inference_mode()
+    def forward_greedy(self, tokens: torch.Tensor, meta: StepMeta, idx: Optional[torch.Tensor], k: int = 1) -> None:
+        """What a greedy step's forward costs (``step_greedy``): the screened head where the
+        runner has one, else the logits. For the step-cost measurement (models/cost.py)."""
+        if self.head_screen(k) is not None:
+            self.forward_screened(tokens, meta, idx, k)
+        else:
+            self.forward(tokens, meta, idx)
+
+    @torch.inference_mode()
+    def forward_screened(self, tokens: torch.Tensor, meta: StepMeta, idx: Optional[torch.Tensor], k: int = 1
+                         ) -> tuple[torch.Tensor, list[list[int]]]:
+        """The forward of a prepared step up to the final norm's rows h (R, hidden), and every
+        row's top-``k`` token ids from the LM head's screen (``head_screen(k)`` must be set)."""
+        h = self.forward(tokens, meta, idx, hidden=True).contiguous()
+        kk = max(1, min(k, self.cfg.vocab_size))
+        ids, bad = skinny.head_topk(h, self.head_screen(k), kk)
+        top = ids.tolist()
+        for r in bad:  # a screen that is not finite (a NaN or inf row): that row's logits, reduced by torch
+            row = self.model.head(h[r:r + 1])
+            top[r] = row.topk(kk, dim=-1).indices[0].tolist()
+            top[r][0] = int(row.argmax())
+        return h, top
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, meta: StepMeta, idx: Optional[torch.Tensor],
+                hidden: bool = False) -> torch.Tensor:
         """The forward of a prepared step (``prepare``): replayed from a CUDA graph where this
-        runner has them and the step fits one, else eager. Logits (R, vocab) fp32."""
+        runner has them and the step fits one, else eager. Logits (R, vocab) fp32, or with
+        ``hidden`` the final norm's rows (R, hidden) (eager only)."""
         emulated = self.model.emulated_cost  # models.cost.Emulation or None
         start = emulated.clock() if emulated is not None else 0.0
-        logits = self.graphs.run(tokens, meta, idx) if self.graphs is not None else None
+        logits = self.graphs.run(tokens, meta, idx) if self.graphs is not None and not hidden else None
         if logits is None:
-            logits = self.model(tokens, meta, self.cache.k, self.cache.v, idx)
+            logits = self.model(tokens, meta, self.cache.k, self.cache.v, idx, hidden=hidden)
         if emulated is not None:  # padded to the emulated curve's time (this waits for the device)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)

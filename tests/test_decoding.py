@@ -286,9 +286,9 @@ def test_step_clock_splits_every_step_into_its_phases(tiny_torch, monkeypatch):
 
     forward = ModelRunner.forward
 
-    def slow(self, *a):
+    def slow(self, *a, **kw):
         time.sleep(0.01)
-        return forward(self, *a)
+        return forward(self, *a, **kw)
 
     monkeypatch.setattr(ModelRunner, "forward", slow)
     clock = StepClock()
@@ -453,44 +453,57 @@ def test_hybrid_grows_its_own_suffix_continuations_first():
                    (4, 9, SUFFIX | PLD), (3, 7, POOL | RECYCLE), (3, 3, POOL)]
 
 
+@pytest.mark.parametrize("screen", ["on", "off"])
 @pytest.mark.parametrize("name", ["lookahead+pld", "hybrid", "recycle"])
-def test_a_greedy_step_reduces_its_logits_rows_once(tiny_torch, monkeypatch, name):
+def test_a_greedy_step_reduces_its_logits_rows_once(tiny_torch, monkeypatch, name, screen):
     """verify's argmax, the lookahead window's argmax and the recycled table's top-k all come
-    from one pass over a step's rows (the top-k's first index is the argmax), and what update
-    reads equals torch's answers on the same rows."""
+    from one pass over a step's rows (the top-k's first index is the argmax): the LM head's
+    screen where the build has one, else one reduction of the logits; and what update reads
+    equals torch's answers on the same rows' logits."""
     import importlib
 
     from kernels import rows as logit_rows
-    calls = {"argmax_rows": 0, "argmax_topk_rows": 0}
+    from kernels import skinny
+    from models.runner import logits_tensor
+    if screen == "on" and not skinny.head_available():
+        pytest.skip(f"no LM head screen in this build: {skinny.unavailable_reason() or 'no AVX512-BF16'}")
+    monkeypatch.setenv("SPECDEC_HEAD_SCREEN", "1" if screen == "on" else "0")
+    calls = {"argmax_rows": 0, "argmax_topk_rows": 0, "head_topk": 0}
 
-    def counted(key):
+    def counted(key, src):
         def f(*a, **k):
             calls[key] += 1
-            return getattr(logit_rows, key)(*a, **k)
+            return getattr(src, key)(*a, **k)
         return f
-    for name_ in ("decoding.generate", "decoding.proposer", "decoding.verify"):  # where they are imported
+    for name_ in ("decoding.generate", "decoding.proposer", "decoding.verify", "models.runner"):  # where imported
         mod = importlib.import_module(name_)  # (the package exports a function named generate)
-        for key in calls:
+        for key in ("argmax_rows", "argmax_topk_rows"):
             if hasattr(mod, key):
-                monkeypatch.setattr(mod, key, counted(key))
+                monkeypatch.setattr(mod, key, counted(key, logit_rows))
+    head_topk = skinny.head_topk
+    monkeypatch.setattr(skinny, "head_topk", lambda *a, **k: (calls.__setitem__("head_topk", calls["head_topk"] + 1),
+                                                             head_topk(*a, **k))[1])
     recycle = importlib.import_module("decoding.recycle")
     assert not hasattr(recycle, "topk_rows")  # no separate top-k pass
     seen = []
     learn = recycle.learn_from
 
     def check(table, outcome, top_k):
-        rows = list(outcome.rows.values())
-        seen.append(outcome.top_rows(top_k) == outcome.logits.topk(top_k, dim=-1).indices.tolist()
-                    and outcome.argmax(list(outcome.rows)) == [int(outcome.logits[r].argmax()) for r in rows])
+        rows, logits = list(outcome.rows.values()), logits_tensor(outcome.logits)
+        seen.append(outcome.top_rows(top_k) == logits.topk(top_k, dim=-1).indices.tolist()
+                    and outcome.argmax(list(outcome.rows)) == [int(logits[r].argmax()) for r in rows])
         learn(table, outcome, top_k)
     monkeypatch.setattr(importlib.import_module(f"decoding.{'hybrid' if name == 'hybrid' else 'recycle'}"),
                         "learn_from", check)
     res = generate(tiny_torch, TINY_PROMPTS[:1], make_proposer(name), max_new_tokens=12, eos_token_ids=())
     steps = res[0].stats.forwards
-    if name == "lookahead+pld":
-        assert calls == {"argmax_rows": steps, "argmax_topk_rows": 0}
+    if screen == "on":
+        assert calls == {"argmax_rows": 0, "argmax_topk_rows": 0, "head_topk": steps}
+    elif name == "lookahead+pld":
+        assert calls == {"argmax_rows": steps, "argmax_topk_rows": 0, "head_topk": 0}
     else:
-        assert calls == {"argmax_rows": 0, "argmax_topk_rows": steps}
+        assert calls == {"argmax_rows": 0, "argmax_topk_rows": steps, "head_topk": 0}
+    if name != "lookahead+pld":
         assert seen == [True] * steps
 
 
@@ -515,3 +528,27 @@ def test_a_verify_override_gets_top1_always(tiny_torch):
             return super().verify(state, tree, logits, rows, sampling)
     with pytest.raises(TypeError, match="top1"):
         generate(tiny_torch, TINY_PROMPTS[:1], Old(), max_new_tokens=4, eos_token_ids=())
+
+
+@pytest.mark.parametrize("name", ["ar", "hybrid", "lookahead+pld"])
+def test_greedy_outputs_are_the_same_with_and_without_the_head_screen(tiny_torch, monkeypatch, name):
+    """The LM head's bf16 screen answers greedy steps without the logits: the same tokens as the
+    logits multiplied out, and a step's lazily multiplied-out logits are the head's own."""
+    from kernels import skinny
+    from models.runner import ModelRunner, StepInput, StepLogits
+    if not skinny.head_available():
+        pytest.skip("no LM head screen in this build (needs AVX512-BF16)")
+    out = {}
+    for screen in ("0", "1"):
+        monkeypatch.setenv("SPECDEC_HEAD_SCREEN", screen)
+        res = generate(tiny_torch, TINY_PROMPTS, make_proposer(name), max_new_tokens=16, eos_token_ids=())
+        out[screen] = [r.output_ids for r in res]
+    assert out["0"] == out["1"]
+    runner = ModelRunner(tiny_torch, cache_tokens=64)
+    runner.add_sequence(0)
+    step = StepInput(0, [3, 4, 5, 6], parents=[-1, 0, 0, 1])
+    full = runner.step([step])[0]
+    (lg, top1, topk), = runner.step_greedy([step], k=3)
+    assert isinstance(lg, StepLogits) and lg.shape == full.shape
+    assert torch.equal(lg.tensor(), full)
+    assert top1 == full.argmax(-1).tolist() and topk == full.topk(3, -1).indices.tolist()

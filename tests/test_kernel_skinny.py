@@ -633,3 +633,85 @@ def test_steps_of_up_to_64_rows_stay_on_the_one_call_stack(monkeypatch):
     attention.clear()
     run(STEP_ROWS + 1)
     assert STEP_ROWS + 1 not in stack and STEP_ROWS + 1 not in attention
+
+
+# ---- the LM head's greedy top-k, screened in bf16 (skinny.head_topk) -----------------------------
+needs_screen = pytest.mark.skipif(not skinny.head_available(),
+                                  reason="the LM head screen needs a CPU and build with AVX512-BF16")
+
+
+@needs_screen
+@pytest.mark.parametrize("n,kd", [(1, 32), (37, 13), (1000, 100), (4099, 64), (3001, 576)])
+def test_head_topk_is_the_topk_of_the_multiplied_out_logits(n, kd):
+    """Exactly the reference's ids (the top-k of skinny_linear's logits, equal values in index
+    order), rows of W not a multiple of the tile, K not a multiple of 32, M from 1 to past the
+    tiles, k from 1 to 64."""
+    g = torch.Generator().manual_seed(n + kd)
+    w = torch.randn(n, kd, generator=g) * 0.1
+    screen = skinny.HeadScreen(w)
+    for m in (1, 2, 3, 5, 8, 13, 33):
+        h = torch.randn(m, kd, generator=g) * 3
+        for k in sorted({1, min(2, n), min(8, n), min(64, n)}):
+            count: list = []
+            idx, bad = skinny.head_topk(h, screen, k, candidates=count)
+            assert bad == [] and idx.shape == (m, k)
+            assert idx.tolist() == skinny.head_topk_ref(h, w, k), (m, k)
+            assert all(k <= c <= n for c in count)
+
+
+@needs_screen
+def test_head_topk_near_ties_and_exact_ties():
+    """Logits closer together than bf16 can tell apart: the screen keeps every one it cannot
+    rule out and the exact pass orders them (an exact tie goes to the first index). Rows of W
+    nearly alike make most of the vocabulary such candidates."""
+    g = torch.Generator().manual_seed(7)
+    base = torch.randn(1, 256, generator=g)
+    w = base + 1e-4 * torch.randn(2048, 256, generator=g)
+    w[100] = w[1500]  # an exact tie
+    w[7] = w[1500] * (1 + 2 ** -22)  # within one rounding of it
+    screen = skinny.HeadScreen(w)
+    h = torch.cat([base, torch.randn(4, 256, generator=g)])
+    h[1] = w[1500]  # the tied rows are the largest logits of this row
+    for k in (1, 3, 16):
+        count: list = []
+        idx, bad = skinny.head_topk(h, screen, k, candidates=count)
+        assert bad == [] and idx.tolist() == skinny.head_topk_ref(h, w, k)
+        assert count[0] > 100  # the screen could not rule most of them out: all computed exactly
+    ref = skinny.skinny_linear(h[1:2], w)[0]
+    if ref[100] == ref[1500] == ref.max():
+        assert skinny.head_topk(h[1:2], screen, 1)[0].item() == 100
+
+
+@needs_screen
+def test_head_topk_a_row_does_not_depend_on_its_step():
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(777, 64, generator=g)
+    screen = skinny.HeadScreen(w)
+    h = torch.randn(20, 64, generator=g)
+    alone = torch.cat([skinny.head_topk(h[r:r + 1], screen, 4)[0] for r in range(20)])
+    for threads in (1, 2, 3):
+        assert torch.equal(skinny.head_topk(h, screen, 4, threads=threads)[0], alone)
+
+
+@needs_screen
+def test_head_topk_rows_it_cannot_screen_and_bad_input():
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(300, 48, generator=g)
+    screen = skinny.HeadScreen(w)
+    h = torch.randn(4, 48, generator=g)
+    h[1, 3], h[2, 0] = float("nan"), float("inf")
+    idx, bad = skinny.head_topk(h, screen, 2)
+    assert bad == [1, 2]
+    assert idx[[0, 3]].tolist() == skinny.head_topk_ref(h[[0, 3]], w, 2)
+    for k in (0, 65, 1.0):
+        with pytest.raises(ValueError, match="k must be in"):
+            skinny.head_topk(h, screen, k)
+    with pytest.raises(ValueError, match=r"h must be \(M, 48\)"):
+        skinny.head_topk(torch.randn(2, 47), screen, 1)
+    with pytest.raises(ValueError, match="h must be a contiguous float32"):
+        skinny.head_topk(h.double(), screen, 1)
+    w.add_(1.0)  # written in place: the bf16 copy no longer holds
+    with pytest.raises(ValueError, match="stale"):
+        skinny.head_topk(h, screen, 1)
+    with pytest.raises(ValueError, match="weight must be finite"):
+        skinny.HeadScreen(torch.full((4, 8), float("inf")))

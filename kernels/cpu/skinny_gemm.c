@@ -28,6 +28,7 @@
  * each other by rounding. kernels/skinny.py builds this file and holds its torch reference.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <omp.h>
 
@@ -211,3 +212,212 @@ void skinny_linear(const float *x, const float *W, const float *b, float *y, int
         if (n0 < n1) rows(x, W, b, y, M, N, K, n0, n1);
     }
 }
+
+/* ---- The LM head's greedy answer, screened in bf16 (skinny_head_topk) ----
+ *
+ * Greedy decoding needs of the LM head only each row's argmax (and, for proposers that learn
+ * from it, its top-k), not its logits. The head is the step's largest product (the vocabulary
+ * is 85 times the hidden size here), so it is screened first at half the bytes and twice the
+ * multiply rate: z'[r, v] = bf16(h[r]) . Wb[v] with AVX512-BF16's dot product (Wb = bf16(W),
+ * both rounded to nearest even), and |z' - z| <= B[r, v] for the exact fp32 logit z, where
+ * (a Cauchy-Schwarz bound on each rounding, h.(w - w') + (h - h').w', plus fp32 accumulation)
+ *   B = (|h| |w - w'| + |h - h'| |w'| + 2e-5 |h| |w|) (1 + 2^-10) + 1e-30.
+ * L = the k-th largest of z' - B is then at most the k-th largest exact logit, so only the
+ * tokens with z' + B >= L can be in the top-k. Those (a handful) are computed exactly by the
+ * same tile as skinny_linear at one row, so the answer is the top-k of skinny_linear(h, W)
+ * itself, bit for bit: equal values in index order, independent of M. A row whose screen is
+ * not finite is left to the caller (status 1 in bad[r]). */
+#if defined(__AVX512BF16__)
+#define HEAD_PF_TILES 2
+
+/* R rows of hb (bf16, stride K) times C rows of Wb from wb[] -> z (stride N), columns n.. */
+#define HTILE(R, C)                                                                                       \
+    static inline void htile_##R##x##C(const uint16_t *hb, const uint16_t *const *wb, float *z, int64_t N,  \
+                                       int64_t K, int64_t n, int nc, int64_t pf) {                        \
+        __m512 acc[R][C];                                                                                 \
+        _Pragma("GCC unroll 8") for (int i = 0; i < R; i++)                                              \
+            _Pragma("GCC unroll 8") for (int j = 0; j < C; j++) acc[i][j] = _mm512_setzero_ps();          \
+        const int64_t K32 = K & ~(int64_t)31;                                                             \
+        for (int64_t k = 0; k < K32; k += 32) {                                                           \
+            __m512i wv[C];                                                                                \
+            _Pragma("GCC unroll 8") for (int j = 0; j < C; j++) {                                        \
+                wv[j] = _mm512_loadu_si512((const void *)(wb[j] + k));                                    \
+                KEEP_IN_REGISTER(wv[j]);                                                                  \
+            }                                                                                             \
+            if (pf && !(k & 31))                                                                          \
+                _Pragma("GCC unroll 8") for (int j = 0; j < C; j++) _mm_prefetch((const char *)(wb[j] + k + pf), _MM_HINT_T1); \
+            _Pragma("GCC unroll 8") for (int i = 0; i < R; i++) {                                         \
+                const __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(hb + i * K + k));         \
+                _Pragma("GCC unroll 8") for (int j = 0; j < C; j++)                                       \
+                    acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, (__m512bh)wv[j]);                         \
+            }                                                                                             \
+        }                                                                                                 \
+        float sum[R][C];                                                                                  \
+        vsums(&acc[0][0], R * C, &sum[0][0]);                                                             \
+        for (int i = 0; i < R; i++)                                                                       \
+            for (int j = 0; j < nc; j++) {                                                                \
+                float s = sum[i][j];                                                                      \
+                for (int64_t k = K32; k < K; k++)                                                         \
+                    s += bf16_to_f32(hb[i * K + k]) * bf16_to_f32(wb[j][k]);                              \
+                z[i * N + n + j] = s;                                                                     \
+            }                                                                                             \
+    }
+
+static inline float bf16_to_f32(uint16_t b) {
+    union { uint32_t u; float f; } c = {(uint32_t)b << 16};
+    return c.f;
+}
+
+HTILE(1, 8)
+HTILE(2, 8)
+HTILE(4, 6)
+HTILE(3, 6)
+HTILE(2, 6)
+HTILE(1, 6)
+
+/* z' for rows of Wb n0..n1 (n0 a multiple of the tile width) */
+static void head_screen_rows(const uint16_t *hb, const uint16_t *Wb, float *z, int64_t M, int64_t N, int64_t K,
+                             int64_t n0, int64_t n1) {
+    const int C = tile_cols(M);
+    for (int64_t n = n0; n < n1; n += C) {
+        const int nc = n1 - n < C ? (int)(n1 - n) : C;
+        const uint16_t *w[MAX_C];
+        for (int j = 0; j < MAX_C; j++) w[j] = Wb + (n + (j < nc ? j : 0)) * K;
+        int64_t PF = n + (HEAD_PF_TILES + 1) * C <= n1 ? HEAD_PF_TILES * C * K : 0;
+        int64_t m = 0;
+        if (M == 1) {
+            htile_1x8(hb, w, z, N, K, n, nc, PF);
+        } else if (M < MID_ROWS) {
+            for (; m + 2 <= M; m += 2) htile_2x8(hb + m * K, w, z + m * N, N, K, n, nc, PF);
+            if (m < M) htile_1x8(hb + m * K, w, z + m * N, N, K, n, nc, PF);
+        } else {
+            for (; m + 4 <= M; m += 4) htile_4x6(hb + m * K, w, z + m * N, N, K, n, nc, PF);
+            if (M - m == 3) htile_3x6(hb + m * K, w, z + m * N, N, K, n, nc, PF);
+            else if (M - m == 2) htile_2x6(hb + m * K, w, z + m * N, N, K, n, nc, PF);
+            else if (M - m == 1) htile_1x6(hb + m * K, w, z + m * N, N, K, n, nc, PF);
+        }
+    }
+}
+
+/* insert v (index i) into the sorted (descending) val/idx of `*filled` <= k entries: after every
+ * kept value >= v, so equal values stay in index order when indices arrive ascending */
+static inline void head_push(float *val, int64_t *idx, int *filled, int k, float v, int64_t i) {
+    int p = *filled < k ? *filled : k - 1;
+    while (p > 0 && val[p - 1] < v) {
+        if (p < k) {
+            val[p] = val[p - 1];
+            if (idx) idx[p] = idx[p - 1];
+        }
+        p--;
+    }
+    val[p] = v;
+    if (idx) idx[p] = i;
+    if (*filled < k) (*filled)++;
+}
+
+/* one row: the top-k of the exact logits among the screen's candidates; 0, or 1 when the screen
+ * is not finite. cand: N indices of room. */
+static int head_row(const float *h, const float *W, const float *zr, const float *e, const float *wbn,
+                    const float *wfn, float hn, float dn, int64_t N, int64_t K, int k, int64_t *out,
+                    int64_t *cand, int64_t *n_cand) {
+    const float safe = 1.0f + 0x1p-10f;
+    const __m512 va = _mm512_set1_ps(hn * safe), vb = _mm512_set1_ps(dn * safe),
+                 vc = _mm512_set1_ps(2e-5f * hn * safe), tiny = _mm512_set1_ps(1e-30f);
+#define HEAD_BOUND(v) _mm512_add_ps(_mm512_fmadd_ps(va, _mm512_loadu_ps(e + (v)), _mm512_fmadd_ps(             \
+        vb, _mm512_loadu_ps(wbn + (v)), _mm512_fmadd_ps(vc, _mm512_loadu_ps(wfn + (v)), tiny))), tiny)
+    /* pass 1: L = the k-th largest z' - B (and the screen is finite) */
+    float lo[64];
+    int filled = 0;
+    const int64_t N16 = N & ~(int64_t)15;
+    __m512 bad = _mm512_setzero_ps();
+    for (int64_t v = 0; v < N16; v += 16) {
+        const __m512 zv = _mm512_loadu_ps(zr + v), l = _mm512_sub_ps(zv, HEAD_BOUND(v));
+        bad = _mm512_or_ps(bad, _mm512_sub_ps(zv, zv)); /* 0 where finite, NaN elsewhere */
+        __mmask16 m = filled < k ? 0xffff : _mm512_cmp_ps_mask(l, _mm512_set1_ps(lo[k - 1]), _CMP_GT_OQ);
+        if (!m) continue;
+        float ls[16];
+        _mm512_storeu_ps(ls, l);
+        while (m) {
+            const int j = __builtin_ctz(m);
+            m &= m - 1;
+            if (filled < k || ls[j] > lo[k - 1]) head_push(lo, NULL, &filled, k, ls[j], v + j);
+        }
+    }
+    for (int64_t v = N16; v < N; v++) {
+        const float b = (hn * e[v] + dn * wbn[v] + 2e-5f * hn * wfn[v]) * safe + 2e-30f;
+        if (!isfinite(zr[v])) return 1;
+        if (filled < k || zr[v] - b > lo[k - 1]) head_push(lo, NULL, &filled, k, zr[v] - b, v);
+    }
+    if (_mm512_cmp_ps_mask(bad, bad, _CMP_UNORD_Q)) return 1;
+    const float L = lo[k - 1];
+    /* pass 2: the candidates, z' + B >= L, in index order */
+    int64_t nc = 0;
+    for (int64_t v = 0; v < N16; v += 16) {
+        __mmask16 m = _mm512_cmp_ps_mask(_mm512_add_ps(_mm512_loadu_ps(zr + v), HEAD_BOUND(v)), _mm512_set1_ps(L),
+                                         _CMP_GE_OQ);
+        while (m) {
+            cand[nc++] = v + __builtin_ctz(m);
+            m &= m - 1;
+        }
+    }
+    for (int64_t v = N16; v < N; v++)
+        if (zr[v] + (hn * e[v] + dn * wbn[v] + 2e-5f * hn * wfn[v]) * safe + 2e-30f >= L) cand[nc++] = v;
+#undef HEAD_BOUND
+    *n_cand = nc;
+    /* pass 3: their exact logits, 8 at a time by skinny_linear's one-row tile; the top-k */
+    float val[64];
+    filled = 0;
+    for (int64_t c = 0; c < nc; c += 8) {
+        const int cn = nc - c < 8 ? (int)(nc - c) : 8;
+        const float *w[MAX_C];
+        float y[8];
+        for (int j = 0; j < MAX_C; j++) w[j] = W + cand[c + (j < cn ? j : 0)] * K;
+        TILE_ONE(h, w, NULL, y, 8, K, 0, cn, 0);
+        for (int j = 0; j < cn; j++)
+            if (filled < k || y[j] > val[k - 1]) head_push(val, out, &filled, k, y[j], cand[c + j]);
+    }
+    return filled < k; /* fewer candidates than k: cannot happen with a finite screen */
+}
+
+/* idx (M, k) = the top-k of each row of h (M, K) @ W (N, K).T as skinny_linear computes it,
+ * largest first, equal values in index order; hb = bf16(h), Wb = bf16(W); hn[r] = |h[r]|,
+ * dn[r] = |h[r] - hb[r]|, e[v] = |W[v] - Wb[v]|, wbn[v] = |Wb[v]|, wfn[v] = |W[v]| (2-norms);
+ * z: (M, N) scratch; cand: (threads, N) scratch; bad[r] = 1 where the row is left to the
+ * caller; n_cand[r]: the candidates computed exactly. Returns 0, or -1 when k is out of range. */
+int skinny_head_topk(const float *h, const uint16_t *hb, const float *W, const uint16_t *Wb, const float *hn,
+                     const float *dn, const float *e, const float *wbn, const float *wfn, int64_t M, int64_t N,
+                     int64_t K, int k, float *z, int64_t *cand, int64_t *idx, int64_t *bad, int64_t *n_cand,
+                     int threads) {
+    if (k < 1 || k > 64 || k > N) return -1;
+    const int64_t C = tile_cols(M), tiles = (N + C - 1) / C;
+    int nt_screen = threads > tiles ? (int)tiles : threads;
+    if (nt_screen < 1) nt_screen = 1;
+#pragma omp parallel num_threads(nt_screen)
+    {
+        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int64_t n0 = tiles * t / nt * C, n1e = tiles * (t + 1) / nt * C;
+        const int64_t n1 = n1e < N ? n1e : N;
+        if (n0 < n1) head_screen_rows(hb, Wb, z, M, N, K, n0, n1);
+    }
+    int nt_rows = threads > M ? (int)M : threads;
+    if (nt_rows < 1) nt_rows = 1;
+#pragma omp parallel for num_threads(nt_rows) schedule(static)
+    for (int64_t r = 0; r < M; r++)
+        bad[r] = head_row(h + r * K, W, z + r * N, e, wbn, wfn, hn[r], dn[r], N, K, k, idx + r * k,
+                          cand + (int64_t)omp_get_thread_num() * N, n_cand + r);
+    return 0;
+}
+
+int skinny_head_available(void) { return 1; }
+#else
+int skinny_head_topk(const float *h, const uint16_t *hb, const float *W, const uint16_t *Wb, const float *hn,
+                     const float *dn, const float *e, const float *wbn, const float *wfn, int64_t M, int64_t N,
+                     int64_t K, int k, float *z, int64_t *cand, int64_t *idx, int64_t *bad, int64_t *n_cand,
+                     int threads) {
+    (void)h; (void)hb; (void)W; (void)Wb; (void)hn; (void)dn; (void)e; (void)wbn; (void)wfn; (void)M; (void)N;
+    (void)K; (void)k; (void)z; (void)cand; (void)idx; (void)bad; (void)n_cand; (void)threads;
+    return -2;
+}
+
+int skinny_head_available(void) { return 0; } /* built without AVX512-BF16 */
+#endif
