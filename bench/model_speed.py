@@ -253,6 +253,8 @@ def measure(args) -> dict:
     for isa in isas:  # tune every build before anything is timed
         use(isa)
 
+    greedy_ms: list = [None]  # timed() also leaves the greedy forward's ms here (None: no head screen)
+
     def timed(inputs: list[StepInput], isa, first: bool) -> tuple[float, float, Optional[float], Optional[float],
                                                                    Optional[bool]]:
         """(forward ms, runner step ms, baseline forward ms (the first build only), replayed
@@ -273,6 +275,8 @@ def measure(args) -> dict:
                 replay = timer(lambda: runner.forward(tokens, meta, idx))
                 replayed = runner.graphs.stats["eager"] == eager_before and runner.graphs.failed is None
         step = timer(lambda: runner.step(inputs))
+        # a greedy step's forward where the LM head is screened, not multiplied out (ModelRunner.step_greedy)
+        greedy_ms[0] = timer(lambda: runner.forward_greedy(tokens, meta, idx)) if runner.head_screen() else None
         return fwd, step, base_fwd, replay, replayed
 
     def phases(inputs: list[StepInput]) -> Optional[dict]:
@@ -351,6 +355,8 @@ def measure(args) -> dict:
                            bandwidth_gbs=here["bandwidth_gbs"])
                 if replay is not None:
                     row.update(replay_ms=replay, replay_rel=replay / first[3], replayed=replayed)
+                if greedy_ms[0] is not None:
+                    row.update(greedy_ms=greedy_ms[0], greedy_vs_roofline=greedy_ms[0] / row["roofline_ms"])
                 split = phases(inputs)
                 if split is not None:
                     row["stack_phases_ms"] = split
@@ -504,14 +510,24 @@ def _roofline_table(res: dict) -> list[str]:
              "| share of peak |",
              "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     rows = [dict(r, step_tokens=1) for r in res["decode"]] + res["step_cost"]
+    greedy = [r for r in rows if r.get("greedy_ms") is not None]
+    if greedy:  # a greedy step's forward, with the LM head screened in bf16 (kernels/skinny.py head_topk)
+        lines[-2] = lines[-2].replace("| forward / floor |", "| forward / floor | greedy forward ms | greedy / floor |")
+        lines[-1] += "---:|---:|"
     for r in rows:
         if "roofline_ms" not in r:
             continue
         share = "" if r["peak_frac"] is None else f"{100 * r['peak_frac']:.0f}%"
         bw = r.get("bandwidth_gbs", res["header"]["roofline"]["bandwidth_gbs"])
+        g = (f" {r['greedy_ms']:.2f} | {r['greedy_vs_roofline']:.2f} |" if r.get("greedy_ms") is not None
+             else " | |") if greedy else ""
         lines.append(f"| {r.get('isa') or 'active'} | {r['batch']} | {r['step_tokens']} | {r['forward_ms']:.2f} | "
-                     f"{bw:.1f} | {r['roofline_ms']:.2f} | {r['bound']} | {r['vs_roofline']:.2f} | "
+                     f"{bw:.1f} | {r['roofline_ms']:.2f} | {r['bound']} | {r['vs_roofline']:.2f} |{g} "
                      f"{r['gflops']:.0f} | {share} |")
+    if greedy:
+        lines += ["", "greedy forward: what a greedy step's forward costs (`ModelRunner.forward_greedy`): the LM "
+                      "head screened in bf16 for each row's argmax instead of its logits multiplied out; its floor "
+                      "is the same fp32 floor."]
     return lines
 
 
