@@ -213,7 +213,9 @@ class ModelRunner:
         model has an LM head screen (``Transformer.head_screen``: an fp32 CPU head and a build
         with AVX512-BF16) the argmax and top-k come from it, the logits are not computed, and
         the answers are those of the skinny product's logits, bit for bit; elsewhere from the
-        logits (``kernels.rows``)."""
+        logits (``kernels.rows``). ``k`` <= 1: the argmax alone."""
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise ValueError(f"k must be an int >= 0 (the top-k each row needs; 0 or 1: the argmax), got {k!r}")
         if self.head_screen(k) is None:
             out = []
             for lg in self.step(inputs, mark):

@@ -552,3 +552,24 @@ def test_greedy_outputs_are_the_same_with_and_without_the_head_screen(tiny_torch
     assert isinstance(lg, StepLogits) and lg.shape == full.shape
     assert torch.equal(lg.tensor(), full)
     assert top1 == full.argmax(-1).tolist() and topk == full.topk(3, -1).indices.tolist()
+
+
+def test_step_greedy_rows_the_screen_hands_back_and_bad_k(tiny_torch, monkeypatch):
+    """A row the screen leaves to the caller (not finite) gets torch's answer from its own logits;
+    a k below 0 is named before anything runs."""
+    from kernels import skinny
+    from models.runner import ModelRunner, StepInput
+    runner = ModelRunner(tiny_torch, cache_tokens=64)
+    runner.add_sequence(0)
+    step = StepInput(0, [3, 4, 5], parents=[-1, 0, 0])
+    with pytest.raises(ValueError, match="k must be an int >= 0"):
+        runner.step_greedy([step], k=-1)
+    if not skinny.head_available():
+        pytest.skip("no LM head screen in this build (needs AVX512-BF16)")
+    full = runner.step([step])[0]
+    real = skinny.head_topk
+    monkeypatch.setattr(skinny, "head_topk", lambda h, s, k: (torch.zeros(h.shape[0], k, dtype=torch.int64), [1]))
+    (_, top1, topk), = runner.step_greedy([step], k=2)
+    assert top1[1] == int(full[1].argmax()) and topk[1] == full[1].topk(2).indices.tolist()
+    assert top1[0] == 0 and top1[2] == 0  # the other rows: what the screen said
+    monkeypatch.setattr(skinny, "head_topk", real)
