@@ -13,6 +13,23 @@ from typing import Callable, Optional
 from bench.measure import Measured, PeakMemory, measure, merge
 
 
+class HeldStore:
+    """A run's suffix store as one timed call sees it: drafts read the store as it is, and the
+    sequences the call finishes wait in ``pending`` instead of going in. ``Bench._rounds`` adds
+    the first round's after the batch's last round, so no round of a prompt drafts from its own
+    earlier output (and the warm-up's go nowhere)."""
+
+    def __init__(self, store):
+        self.store, self.pending = store, []
+
+    @property
+    def trie(self):
+        return self.store.trie
+
+    def add(self, tokens: list[int]) -> None:
+        self.pending.append(list(tokens))
+
+
 class Bench:
     """Loads the target (and draft, and transformers' models with --compare-hf) and measures
     the step cost on construction; :meth:`run` measures every method on the records."""
@@ -70,6 +87,10 @@ class Bench:
         self.skipped: list[str] = []
         self._encoded: dict[str, list[int]] = {}
         self.graph_warm_up: Optional[dict] = None  # with --cuda-graphs: what run() captured before timing
+        # --shared-store: per method (suffix, hybrid), the run's store of finished sequences, and what
+        # the last timed call finished (added to the store after the batch's last round)
+        self.stores: dict[str, object] = {}
+        self.finished: dict[str, list[list[int]]] = {}
 
     def _load(self, what: str, load):
         """``load()``, with its wall time and the memory peak while it ran kept in ``loads``."""
@@ -118,8 +139,11 @@ class Bench:
         def call(clock):
             plan = planner_for(self.model, name, self.cost is None, None, self.cost, self.args.fixed_plan)
             phases = StepClock()
-            res = generate(self.model, prompts, build_proposer(name, self.args, self.draft), max_new_tokens=max_new,
-                           sampling=self.sp, planner=plan, on_tokens=clock, step_clock=phases)
+            store = self._held_store(name)
+            res = generate(self.model, prompts, build_proposer(name, self.args, self.draft, store),
+                           max_new_tokens=max_new, sampling=self.sp, planner=plan, on_tokens=clock, step_clock=phases)
+            if store is not None:
+                self.finished[name] = store.pending
             return ([{"output_ids": x.output_ids, "forwards": x.stats.forwards, "stats": x.stats.as_dict(),
                       "step_tokens": x.stats.step_tokens, "finish_reason": x.finish_reason} for x in res],
                     {"plan": plan.log if plan is not None else None,
@@ -135,11 +159,32 @@ class Bench:
         method alike instead of on whichever ran its repeats during a slow spell."""
         names = list(prompts)
         rounds: dict[str, list[list[tuple[Measured, int]]]] = {name: [] for name in names}
+        first: dict[str, list[list[int]]] = {}  # --shared-store: the first round's finished sequences
+        finished = self.__dict__.setdefault("finished", {})  # (a Bench built without __init__ in tests)
+        finished.clear()  # the warm-up's go nowhere
         for r in range(repeats):
             for name in names[r % len(names):] + names[:r % len(names)]:
                 rounds[name].append(self.timed(name, prompts[name], max_new, 1))
+                if r == 0 and name in finished:
+                    first[name] = finished.pop(name)
+        for name, seqs in first.items():  # later batches see this one's outputs; none of its rounds did
+            for tokens in seqs:
+                self.stores[name].add(tokens)
         return {name: [(merge([got[i][0] for got in rs]), rs[0][i][1]) for i in range(len(rs[0]))]
                 for name, rs in rounds.items()}
+
+    def _held_store(self, name: str) -> Optional["HeldStore"]:
+        """With --shared-store, the run's store for ``name`` (suffix, hybrid) behind a
+        ``HeldStore``; else None."""
+        from decoding.methods import STORE_METHODS
+        from decoding.suffix import SuffixConfig, SuffixStore
+
+        if not getattr(self.args, "shared_store", False) or name not in STORE_METHODS:
+            return None
+        if name not in self.stores:
+            cfg = SuffixConfig()  # the depth both methods' configs index (the store must match it)
+            self.stores[name] = SuffixStore(cfg.depth, cfg.store_nodes)
+        return HeldStore(self.stores[name])
 
     def _warm_up(self, records: list[dict]) -> None:
         """Everything a timed run must not pay for, before the first one: the CUDA graphs (with

@@ -105,7 +105,8 @@ RUNS = [
      "fastest (22.4)."),
 ]
 HEADER_KEYS = ("date", "command", "device", "dtype", "kernel", "versions", "max_new_tokens", "batch_size",
-               "sampling", "repeats", "step planner", "cuda graphs", "step cost", "model loads", "vllm", "vllm loads")
+               "sampling", "repeats", "step planner", "suffix store", "cuda graphs", "step cost", "model loads", "vllm",
+               "vllm loads")
 
 
 def load(rel: str) -> dict:

@@ -64,6 +64,11 @@ def parse_args(argv=None):
                         "bench/data/step_cost_steep.json: this CPU in its steep state) on this machine: every forward "
                         "of at most 64 step tokens sleeps until it has taken the curve's time (models.cost.Emulation; "
                         "choose a curve slower than the machine); the planner then measures and plans with it")
+    p.add_argument("--shared-store", action="store_true",
+                   help="suffix and hybrid keep one store of finished sequences for the whole run, as a serving "
+                        "engine does (vLLM's suffix method keeps one): each prompt drafts from the outputs of the "
+                        "prompts before it, never from its own (a batch's outputs go in after its last round). "
+                        "Default: each batch starts with an empty store; on with --compare-vllm")
     p.add_argument("--compare-hf", action="store_true",
                    help="also run transformers generate (hf, hf-pld with --pld's knobs, and hf-assisted with "
                         "--draft-model) on the same prompts with the same sampling settings")
@@ -132,6 +137,7 @@ def _check(args) -> None:
     if args.compare_vllm:
         from bench.vllm_compare import check_args
         check_args(args)
+        args.shared_store = True  # like for like: vLLM's suffix method and our drafter inside vLLM keep one
 
 
 def load_records(args) -> list[dict]:
@@ -194,6 +200,8 @@ def header(args, device_name: str, memory_kind: str) -> dict:
                else "; the host's time per step learned from the wall clock)")),
         "cuda graphs": "on (models/graphs.py)" if getattr(args, "cuda_graphs", False) else "off",
         "emulated step cost": "off" if getattr(args, "emulate_cost", None) is None else f"{args.emulate_cost}",
+        "suffix store": ("shared by the run's prompts: each drafts from the finished outputs of those before it "
+                         "(--shared-store)") if getattr(args, "shared_store", False) else "per batch (starts empty)",
         "versions": f"python {platform.python_version()}, torch {torch.__version__}, triton {triton.__version__}, "
                     f"transformers {transformers.__version__}",
     }

@@ -18,7 +18,7 @@ from decoding.lookahead import LookaheadConfig, LookaheadPLD, LookaheadState
 from decoding.proposer import Budget, Context, Outcome, SeqState
 from decoding.recycle import RecycleConfig, Table, learn_from, seed_table
 from decoding.recycle import grow_tree as grow_recycled
-from decoding.suffix import SuffixConfig, SuffixStore, SuffixTrie, sync
+from decoding.suffix import SuffixConfig, SuffixStore, SuffixTrie, own_store, sync
 from decoding.suffix import grow_tree as grow_suffix
 from decoding.tree import HARVEST, PLD, POOL, RECYCLE, SUFFIX, WINDOW, StepTree
 
@@ -61,13 +61,12 @@ class Hybrid(LookaheadPLD):
     name = "hybrid"
     sources = PLD | POOL | HARVEST | WINDOW | RECYCLE | SUFFIX
 
-    def __init__(self, cfg: Optional[HybridConfig] = None):
+    def __init__(self, cfg: Optional[HybridConfig] = None, store: Optional[SuffixStore] = None):
         self.hcfg = cfg or HybridConfig()
         super().__init__(self.hcfg.lookahead)
         self.shared_table: Table = {}
         self.top_k = self.hcfg.recycle.top_k
-        sc = self.hcfg.suffix
-        self.store = SuffixStore(sc.depth, sc.store_nodes) if sc.shared else None
+        self.store = own_store(self.hcfg.suffix, store)  # other sequences' text (suffix.own_store)
 
     def init_state(self, base: SeqState) -> HybridState:
         la = super().init_state(base)

@@ -9,7 +9,7 @@ from decoding.lookahead import Lookahead, LookaheadConfig, LookaheadPLD
 from decoding.prompt_lookup import PromptLookup, PromptLookupConfig
 from decoding.proposer import Proposer
 from decoding.recycle import Recycle, RecycleConfig
-from decoding.suffix import Suffix, SuffixConfig
+from decoding.suffix import Suffix, SuffixConfig, SuffixStore
 
 METHODS = ("ar", "pld", "jacobi", "lookahead", "lookahead+pld", "recycle", "suffix", "hybrid", "draft", "draft+pld")
 CONFIGS = {"pld": PromptLookupConfig, "jacobi": JacobiConfig, "lookahead": LookaheadConfig,
@@ -17,10 +17,19 @@ CONFIGS = {"pld": PromptLookupConfig, "jacobi": JacobiConfig, "lookahead": Looka
            "hybrid": HybridConfig, "draft": DraftModelConfig, "draft+pld": DraftModelConfig}
 
 
-def make_proposer(name: str, *, draft_model=None, config: Optional[object] = None) -> Proposer:
-    """A proposer for ``name`` with ``config`` (its method's config class; None = defaults)."""
+STORE_METHODS = ("suffix", "hybrid")  # the methods that draft from a store of other sequences' text
+
+
+def make_proposer(name: str, *, draft_model=None, config: Optional[object] = None,
+                  store: Optional[SuffixStore] = None) -> Proposer:
+    """A proposer for ``name`` with ``config`` (its method's config class; None = defaults).
+    ``store`` (suffix, hybrid): a ``SuffixStore`` of finished sequences that outlives the
+    proposer, shared by every proposer given it (a serving engine's requests, a benchmark's
+    prompts); each sequence the proposer finishes goes into it."""
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
+    if store is not None and name not in STORE_METHODS:
+        raise ValueError(f"store: method {name!r} drafts from no store (only {', '.join(STORE_METHODS)} do)")
     if name == "ar":
         if config is not None:
             raise ValueError("method 'ar' takes no config")
@@ -39,9 +48,9 @@ def make_proposer(name: str, *, draft_model=None, config: Optional[object] = Non
     if name == "recycle":
         return Recycle(config)
     if name == "suffix":
-        return Suffix(config)
+        return Suffix(config, store)
     if name == "hybrid":
-        return Hybrid(config)
+        return Hybrid(config, store)
     if draft_model is None:
         raise ValueError(f"method {name!r} needs a draft model (--draft-model): a small model sharing the tokenizer")
     return DraftPLD(draft_model, config) if name == "draft+pld" else DraftModel(draft_model, config)

@@ -129,8 +129,9 @@ def sampling_of(args: argparse.Namespace) -> SamplingParams:
                           seed=args.seed if args.temperature > 0 else None)
 
 
-def build_proposer(name: str, args: argparse.Namespace, draft_model=None):
-    """The proposer for ``name`` with the flags' knobs (after ``check``)."""
+def build_proposer(name: str, args: argparse.Namespace, draft_model=None, store=None):
+    """The proposer for ``name`` with the flags' knobs (after ``check``); ``store``: the
+    suffix store suffix and hybrid draft from and add to (``make_proposer``)."""
     from decoding.hybrid import HybridConfig
     from decoding.lookahead import LookaheadConfig
     from decoding.prompt_lookup import PromptLookupConfig
@@ -146,14 +147,16 @@ def build_proposer(name: str, args: argparse.Namespace, draft_model=None):
     if name in ("lookahead", "lookahead+pld", "hybrid"):
         pld = PromptLookupConfig(max_ngram=max_n, num_draft=k, num_candidates=args.pld_candidates)
         la = LookaheadConfig(window=W, ngram=N, guesses=G, pld=pld)
-        return make_proposer(name, config=HybridConfig(lookahead=la) if name == "hybrid" else la)
+        if name == "hybrid":
+            return make_proposer(name, config=HybridConfig(lookahead=la), store=store)
+        return make_proposer(name, config=la)
     if name == "draft":
         return make_proposer(name, draft_model=draft_model)
     if name == "draft+pld":
         from decoding.draft import DraftPLD
         return DraftPLD(draft_model, pld=PromptLookupConfig(max_ngram=max_n, num_draft=k,
                                                               num_candidates=args.pld_candidates))
-    return make_proposer(name)
+    return make_proposer(name, store=store) if name == "suffix" else make_proposer(name)
 
 
 def planner_for(model, name: str, no_plan: bool, cache_dir, cost=None, fixed: bool = False) -> Optional[object]:

@@ -214,6 +214,20 @@ class SuffixStore:
         self.trie.new_stream()
 
 
+def own_store(cfg: SuffixConfig, store: Optional[SuffixStore]) -> Optional[SuffixStore]:
+    """A proposer's store: ``store`` when one is given (kept beyond the proposer, e.g. one per
+    engine or benchmark run, so that later requests see earlier ones), else a new one with
+    ``cfg.shared``, else none. Anything with ``.trie`` and ``.add(tokens)`` serves."""
+    if store is None:
+        return SuffixStore(cfg.depth, cfg.store_nodes) if cfg.shared else None
+    if not (hasattr(store, "trie") and callable(getattr(store, "add", None))):
+        raise ValueError(f"store must be a SuffixStore (or have .trie and .add), got {type(store).__name__}")
+    if store.trie.depth != cfg.depth:
+        raise ValueError(f"store indexes substrings of {store.trie.depth} tokens, the config {cfg.depth} "
+                         "(SuffixConfig.depth): build the store with the same depth")
+    return store
+
+
 @dataclass(eq=False, kw_only=True)
 class SuffixState(SeqState):
     trie: SuffixTrie
@@ -225,9 +239,9 @@ class Suffix(Proposer[SuffixState]):
     State = SuffixState
     sources = SUFFIX
 
-    def __init__(self, cfg: Optional[SuffixConfig] = None):
+    def __init__(self, cfg: Optional[SuffixConfig] = None, store: Optional["SuffixStore"] = None):
         self.cfg = cfg or SuffixConfig()
-        self.store = SuffixStore(self.cfg.depth, self.cfg.store_nodes) if self.cfg.shared else None
+        self.store = own_store(self.cfg, store)
 
     def init_state(self, base: SeqState) -> SuffixState:
         state = SuffixState(**base.seq_fields(), trie=SuffixTrie(self.cfg.depth))

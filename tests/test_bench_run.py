@@ -384,6 +384,46 @@ def test_repeats_run_in_interleaved_rounds():
         assert r["ttft_s"] == pytest.approx(0.2) and r["peak_mem_mib"] == 103.0 and r["peak_mem_rise_mib"] == 3.0
 
 
+def test_shared_store_sees_earlier_batches_never_its_own_rounds():
+    """--shared-store: suffix and hybrid draft from one store per method for the whole run; a
+    batch's finished sequences go in after its last round (the first round's), so no round of
+    a prompt sees its own output, later batches see it once, other methods get no store."""
+    from bench.loop import Bench, HeldStore
+    from bench.measure import Measured
+
+    seen = []
+
+    def timed(name, prompts, max_new, repeats):  # stands in for the real one's store handling
+        store = b._held_store(name)
+        seen.append((name, None if store is None else len(store.store.trie.text)))
+        if store is not None:
+            assert isinstance(store, HeldStore)
+            for p in prompts:
+                store.add(p[:3] + [len(seen)])  # what generate's proposer would finish
+            b.finished[name] = store.pending
+        return [(Measured([{"output_ids": [1, 2], "forwards": 2, "stats": None, "step_tokens": None,
+                            "finish_reason": "length", "accept_lengths": []}], [1.0], [0.1], 1.0, 0.0), 0)
+                for _ in prompts]
+
+    b = Bench.__new__(Bench)
+    b.args = SimpleNamespace(max_new_tokens=2, batch_size=1, repeats=2, shared_store=True)
+    b.methods, b.hf_methods, b.skipped, b.sp = ["ar", "suffix"], set(), [], SimpleNamespace(greedy=True)
+    b.model = SimpleNamespace(cfg=SimpleNamespace(max_position_embeddings=10_000))
+    b.encode = lambda msgs: [ord(c) for c in json.dumps(msgs)]
+    b.text = lambda ids: "".join(map(chr, ids))
+    b.stores, b.finished, b.timed = {}, {}, timed
+    b.run([{"id": f"q{i}", "question_id": i, "task": "code", "messages": [{"role": "user", "content": f"x{i}"}],
+            "next_turns": []} for i in range(2)])
+    # the warm-up (2 calls), then two batches of two rounds each; each sequence adds 4 tokens and a separator
+    assert seen == [("ar", None), ("suffix", 0), ("ar", None), ("suffix", 0), ("suffix", 0), ("ar", None),
+                    ("ar", None), ("suffix", 5), ("suffix", 5), ("ar", None)]
+    # the first batch's first round's sequence (the 4th call), once; the second batch's after it
+    first = b.encode([{"role": "user", "content": "x0"}])[:3] + [4]
+    assert b.stores["suffix"].trie.text[:5] == first + [-1] and len(b.stores["suffix"].trie.text) == 10
+    b.args.shared_store = False
+    assert b._held_store("suffix") is None
+
+
 def test_merge_rejects_no_rounds():
     from bench.measure import merge
 
@@ -565,9 +605,18 @@ def test_compare_vllm_records_and_report_with_a_fake_vllm(tmp_path, monkeypatch,
     assert recs["vllm-specdec"]["tau"] == pytest.approx(4 / 2)
     assert set(data["header"]["vllm_loads"]) == set(vc.VLLM_METHODS)
     assert "vllm-ngram 1.5 s, peak 900 MiB" in data["header"]["vllm loads"]
+    assert data["header"]["suffix store"].startswith("shared by the run's prompts")  # like vLLM's suffix method
     md = (out / "results.md").read_text()
     assert "### vLLM on the same prompts" in md and "our drafter inside vLLM: tau" in md
     assert "our ar: tokens/s" in md and "our best speculative method (pld)" in md
+
+
+def test_shared_store_flag(tmp_path):
+    from bench.run import parse_args
+
+    assert parse_args(["--out", str(tmp_path)]).shared_store is False
+    assert parse_args(["--shared-store", "--out", str(tmp_path)]).shared_store is True
+    assert parse_args(["--compare-vllm", "--out", str(tmp_path)]).shared_store is True
 
 
 @pytest.mark.parametrize("flags, message", [
