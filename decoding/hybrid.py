@@ -20,7 +20,7 @@ from decoding.recycle import RecycleConfig, Table, learn_from, seed_table
 from decoding.recycle import grow_tree as grow_recycled
 from decoding.suffix import SuffixConfig, SuffixStore, SuffixTrie, own_store, sync
 from decoding.suffix import grow_tree as grow_suffix
-from decoding.tree import HARVEST, PLD, POOL, RECYCLE, SUFFIX, WINDOW, StepTree
+from decoding.tree import HARVEST, PLD, POOL, RECYCLE, STORE, SUFFIX, WINDOW, StepTree
 
 
 @dataclass(slots=True)
@@ -59,7 +59,7 @@ class HybridState(LookaheadState):
 
 class Hybrid(LookaheadPLD):
     name = "hybrid"
-    sources = PLD | POOL | HARVEST | WINDOW | RECYCLE | SUFFIX
+    sources = PLD | POOL | HARVEST | WINDOW | RECYCLE | SUFFIX  # | STORE with a store (__init__)
 
     def __init__(self, cfg: Optional[HybridConfig] = None, store: Optional[SuffixStore] = None):
         self.hcfg = cfg or HybridConfig()
@@ -67,6 +67,8 @@ class Hybrid(LookaheadPLD):
         self.shared_table: Table = {}
         self.top_k = self.hcfg.recycle.top_k
         self.store = own_store(self.hcfg.suffix, store)  # other sequences' text (suffix.own_store)
+        if self.store is not None:  # a source the planner sizes steps for only where it can occur
+            self.sources = Hybrid.sources | STORE
 
     def init_state(self, base: SeqState) -> HybridState:
         la = super().init_state(base)
@@ -91,7 +93,7 @@ class Hybrid(LookaheadPLD):
             if self.store is not None:  # other sequences' text, after this sequence's own sources
                 shared = self.store.trie.store_match(s.tokens, h.suffix.max_match)
                 if shared is not None:
-                    grow_suffix(tree, self.store.trie, shared, b.max_depth, b.max_nodes, h.suffix.min_prob)
+                    grow_suffix(tree, self.store.trie, shared, b.max_depth, b.max_nodes, h.suffix.min_prob, STORE)
             widths = h.planned_recycle_widths if b.planned else h.recycle.widths
             grow_recycled(tree, s.table, widths, b.max_depth, b.max_nodes)
         return trees

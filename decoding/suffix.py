@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
-from decoding.tree import SUFFIX, StepTree
+from decoding.tree import STORE, SUFFIX, StepTree
 
 
 @dataclass(slots=True)
@@ -237,11 +237,13 @@ class SuffixState(SeqState):
 class Suffix(Proposer[SuffixState]):
     name = "suffix"
     State = SuffixState
-    sources = SUFFIX
+    sources = SUFFIX  # | STORE with a store (__init__)
 
     def __init__(self, cfg: Optional[SuffixConfig] = None, store: Optional["SuffixStore"] = None):
         self.cfg = cfg or SuffixConfig()
         self.store = own_store(self.cfg, store)
+        if self.store is not None:  # a source the planner sizes steps for only where it can occur
+            self.sources = SUFFIX | STORE
 
     def init_state(self, base: SeqState) -> SuffixState:
         state = SuffixState(**base.seq_fields(), trie=SuffixTrie(self.cfg.depth))
@@ -259,7 +261,7 @@ class Suffix(Proposer[SuffixState]):
             if self.store is not None and b.max_depth > 0:
                 shared = self.store.trie.store_match(s.tokens, cfg.max_match)
                 if shared is not None:
-                    grow_tree(tree, self.store.trie, shared, b.max_depth, cap, cfg.min_prob)
+                    grow_tree(tree, self.store.trie, shared, b.max_depth, cap, cfg.min_prob, STORE)
             trees.append(tree)
         return trees
 

@@ -14,10 +14,12 @@ import torch
 # Sources of draft nodes (bit flags: a merged node may come from several branches).
 # POOL: a lookahead pool n-gram taken from the text (prompt / output); HARVEST: one the
 # lookahead window produced; WINDOW: the window's own (private) nodes; RECYCLE: the model's
-# own earlier top-k predictions (token recycling); SUFFIX: the suffix trie's continuations.
-PLD, POOL, JACOBI, DRAFT, WINDOW, HARVEST, RECYCLE, SUFFIX = 1, 2, 4, 8, 16, 32, 64, 128
+# own earlier top-k predictions (token recycling); SUFFIX: the suffix trie's continuations (of the
+# sequence's own text); STORE: the continuations of a store of other sequences' text (a shared
+# SuffixStore), kept apart so that the planner learns how far each is to be trusted.
+PLD, POOL, JACOBI, DRAFT, WINDOW, HARVEST, RECYCLE, SUFFIX, STORE = 1, 2, 4, 8, 16, 32, 64, 128, 256
 SOURCE_NAMES = {PLD: "pld", POOL: "pool", JACOBI: "jacobi", DRAFT: "draft", WINDOW: "window", HARVEST: "harvest",
-                RECYCLE: "recycle", SUFFIX: "suffix"}
+                RECYCLE: "recycle", SUFFIX: "suffix", STORE: "store"}
 
 
 @dataclass

