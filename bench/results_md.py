@@ -53,6 +53,12 @@ RUNS = [
      "forwards at the real floor, so these speedups are an upper bound for kernels at the roofline: hybrid 2.13x "
      "after the first token, against 1.69x in the run above. The run's NOTES.md has the curve and the batch-8 "
      "pair (batch8-real/, batch8-roofline/: 0.98-1.02x and 1.08-1.13x `ar`)."),
+    ("bench/results/2026-11-26-cpu-roofline-fast/roofline50/results.json",
+     "The roofline bound in the host's other memory state: the same methods on the same prompts with every "
+     "forward of up to 64 step tokens played at the roofline of 50 GB/s (x 2.35). The floor is flat only to 8 "
+     "tokens there; with the host's measured ms per step beside forwards at the floor itself hybrid would reach "
+     "1.96x `ar` after the first token (2.02x as run), 2.08x in the 30 GB/s state (the run above: 2.13x as run). "
+     "Every output identical to `ar`'s. The run's NOTES.md has the arithmetic and where tree attention's time goes."),
     ("bench/results/2026-11-26-cpu-limit4/results.json",
      "The command issue 34 names (--compare-hf --limit 4 --repeats 2): four prompts per task, two interleaved "
      "rounds, fp32, the AVX-512 build, after this session's forward changes (every decoding step of up to 64 "
@@ -76,6 +82,12 @@ RUNS = [
      "sequences took 36 ms against 21 ms for one token), and the planner predicted each step's forward 21-32% "
      "below what it measured (the step-planner table of its results.md), so it sent drafts that did not "
      "pay. Every output identical to `ar`'s. Texts and token ids removed from the JSON."),
+    ("bench/results/2026-11-26-cpu-vllm-shared-store/results.json",
+     "--compare-vllm --limit 2 (OMP_NUM_THREADS=1) with our suffix and hybrid drafting from one store of the "
+     "run's finished outputs, as vLLM's suffix method and our drafter inside vLLM do (--shared-store, on with "
+     "--compare-vllm since). Every vLLM output equalled vLLM plain's and our ar's. Engines not interleaved. Our ar "
+     "1.49x vLLM plain; our best (suffix, 26.7 tokens/s) 1.29x vLLM's best (its suffix, 20.7); our drafter inside "
+     "vLLM its fastest method (23.1), 1.12x its suffix, at tau 1.71 against n-gram's 1.66."),
     ("bench/results/2026-11-26-cpu-vllm-mix/results.json",
      "The same command (OMP_NUM_THREADS=1) with our context mixture inside vLLM beside the hybrid's chain "
      "(vllm-specdec-mix; it ran as vllm-specdec and was relabelled). Every vLLM output equalled vLLM plain's and "
