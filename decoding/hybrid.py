@@ -68,7 +68,7 @@ class Hybrid(LookaheadPLD):
         self.top_k = self.hcfg.recycle.top_k
         self.store = own_store(self.hcfg.suffix, store)  # other sequences' text (suffix.own_store)
         if self.store is not None:  # a source the planner sizes steps for only where it can occur
-            self.sources = Hybrid.sources | STORE
+            self.sources = type(self).sources | STORE
 
     def init_state(self, base: SeqState) -> HybridState:
         la = super().init_state(base)

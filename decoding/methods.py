@@ -20,6 +20,12 @@ CONFIGS = {"pld": PromptLookupConfig, "jacobi": JacobiConfig, "lookahead": Looka
 STORE_METHODS = ("suffix", "hybrid")  # the methods that draft from a store of other sequences' text
 
 
+def check_store(name: str, store: Optional[SuffixStore]) -> None:
+    """A store is for the methods that draft from one (ValueError naming the argument)."""
+    if store is not None and name not in STORE_METHODS:
+        raise ValueError(f"store: method {name!r} drafts from no store (only {', '.join(STORE_METHODS)} do)")
+
+
 def make_proposer(name: str, *, draft_model=None, config: Optional[object] = None,
                   store: Optional[SuffixStore] = None) -> Proposer:
     """A proposer for ``name`` with ``config`` (its method's config class; None = defaults).
@@ -28,8 +34,7 @@ def make_proposer(name: str, *, draft_model=None, config: Optional[object] = Non
     prompts); each sequence the proposer finishes goes into it."""
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
-    if store is not None and name not in STORE_METHODS:
-        raise ValueError(f"store: method {name!r} drafts from no store (only {', '.join(STORE_METHODS)} do)")
+    check_store(name, store)
     if name == "ar":
         if config is not None:
             raise ValueError("method 'ar' takes no config")

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from decoding import inputs
-from decoding.methods import METHODS, make_proposer
+from decoding.methods import METHODS, check_store, make_proposer
 from decoding.sampling import SamplingParams
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -143,20 +143,19 @@ def build_proposer(name: str, args: argparse.Namespace, draft_model=None, store=
     max_n, k = args.pld_nk
     W, N, G = args.lookahead_wng
     if name == "pld":  # fixed draft length, one candidate: the reference's (and transformers') rule
-        return make_proposer(name, config=PromptLookupConfig(max_ngram=max_n, num_draft=k))
+        return make_proposer(name, config=PromptLookupConfig(max_ngram=max_n, num_draft=k), store=store)
     if name in ("lookahead", "lookahead+pld", "hybrid"):
         pld = PromptLookupConfig(max_ngram=max_n, num_draft=k, num_candidates=args.pld_candidates)
         la = LookaheadConfig(window=W, ngram=N, guesses=G, pld=pld)
-        if name == "hybrid":
-            return make_proposer(name, config=HybridConfig(lookahead=la), store=store)
-        return make_proposer(name, config=la)
+        return make_proposer(name, config=HybridConfig(lookahead=la) if name == "hybrid" else la, store=store)
     if name == "draft":
-        return make_proposer(name, draft_model=draft_model)
+        return make_proposer(name, draft_model=draft_model, store=store)
     if name == "draft+pld":
+        check_store(name, store)
         from decoding.draft import DraftPLD
         return DraftPLD(draft_model, pld=PromptLookupConfig(max_ngram=max_n, num_draft=k,
                                                               num_candidates=args.pld_candidates))
-    return make_proposer(name, store=store) if name == "suffix" else make_proposer(name)
+    return make_proposer(name, store=store)
 
 
 def planner_for(model, name: str, no_plan: bool, cache_dir, cost=None, fixed: bool = False) -> Optional[object]:

@@ -243,7 +243,7 @@ class Suffix(Proposer[SuffixState]):
         self.cfg = cfg or SuffixConfig()
         self.store = own_store(self.cfg, store)
         if self.store is not None:  # a source the planner sizes steps for only where it can occur
-            self.sources = SUFFIX | STORE
+            self.sources = type(self).sources | STORE
 
     def init_state(self, base: SeqState) -> SuffixState:
         state = SuffixState(**base.seq_fields(), trie=SuffixTrie(self.cfg.depth))

@@ -3,6 +3,7 @@ effective (it accepts drafts where plain decoding cannot), and the effectiveness
 rejects a proposer whose drafts are random."""
 
 import random
+import re
 
 import pytest
 import torch
@@ -423,6 +424,16 @@ def test_a_store_is_refused_where_it_cannot_serve():
         make_proposer("suffix", config=SuffixConfig(depth=16), store=store)
     with pytest.raises(ValueError, match="store must be a SuffixStore"):
         make_proposer("hybrid", store=[1, 2, 3])
+    # the benchmark's path (bench/run.py --shared-store) refuses the same, the draft model's pld included
+    from types import SimpleNamespace
+
+    from decoding.options import build_proposer
+
+    args = SimpleNamespace(pld_nk=(3, 10), lookahead_wng=(7, 5, 7), pld_candidates=4)
+    for name in ("pld", "lookahead+pld", "draft+pld"):
+        with pytest.raises(ValueError, match=re.escape(f"store: method '{name}' drafts from no store")):
+            build_proposer(name, args, draft_model=object(), store=store)
+    assert build_proposer("hybrid", args, store=store).store is store
 
 
 @pytest.mark.parametrize("name", ["suffix", "hybrid"])
