@@ -1,6 +1,7 @@
 """The x86 CPU kernels of an fp32 decoding step (``kernels/cpu/*.c``), each beside its torch
 reference: the matrix product for few rows (``skinny_linear``), attention of a sequence's rows
-over its paged cache (``skinny_attention``), RMSNorm, SiLU * up and RoPE, the whole layer stack
+over its paged cache (``skinny_attention`` for a decoding step's few rows under any mask,
+``prefill_attention`` for a prompt's many under the causal rule), RMSNorm, SiLU * up and RoPE, the whole layer stack
 in one call (``layers_unchecked``, used by models/llama.py), the logits' argmax / top-k
 (``argmax_rows``, ``topk_rows``), and the roofline probes (``fma_peak_gflops``,
 ``read_bandwidth_gbs``). One shared library holds them all, built here.
@@ -47,7 +48,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-SOURCES = [Path(__file__).with_name("cpu") / f for f in ("skinny_gemm.c", "skinny_attention.c",
+SOURCES = [Path(__file__).with_name("cpu") / f for f in ("skinny_gemm.c", "skinny_attention.c", "prefill_attention.c",
                                                                        "skinny_elementwise.c", "skinny_layers.c",
                                                                        "skinny_reduce.c", "roofline.c")]
 HEADERS = [Path(__file__).with_name("cpu") / "skinny_common.h"]  # in the build hash, not on the command line
@@ -169,6 +170,14 @@ def _declare(lib: ctypes.CDLL) -> None:
                                      + [ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float,
                                         ctypes.c_void_p, ctypes.c_int])
     lib.skinny_attention.restype = ctypes.c_int
+    lib.prefill_attention.argtypes = ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_int] * 4 + [ctypes.c_void_p] * 3
+                                      + [ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p,
+                                         ctypes.c_int])
+    lib.prefill_attention.restype = ctypes.c_int
+    lib.prefill_attention_dim_multiple.argtypes = []
+    lib.prefill_attention_dim_multiple.restype = ctypes.c_int
+    lib.prefill_attention_work.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int]
+    lib.prefill_attention_work.restype = ctypes.c_int64
     lib.skinny_rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float]
     lib.skinny_rms_norm.restype = None
     lib.skinny_silu_mul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
@@ -377,6 +386,82 @@ def attention_unchecked(q, k_cache, v_cache, block_ids, length, mask, causal, sc
                                threads or torch.get_num_threads())
     if rc != 0:
         raise MemoryError(f"skinny_attention could not allocate its buffers (T={t}, length={length})")
+    return out
+
+
+MAX_PREFILL_GROUP = 32  # query heads per kv head the prefill kernel takes
+MAX_PREFILL_DIM = 256  # and head dims
+
+
+def prefill_dim_multiple() -> int:
+    """The prefill kernel takes head dims that are a multiple of this (64 with AVX-512, 32
+    with AVX2: a value tile is 4 vectors of dims); 0 without the kernels."""
+    lib = _load()
+    return 0 if lib is None else _dim_multiple.setdefault(_tag, lib.prefill_attention_dim_multiple())
+
+
+_dim_multiple: dict = {}  # per build
+
+
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_ids: torch.Tensor,
+                      length: int, scale: Optional[float] = None, threads: Optional[int] = None) -> torch.Tensor:
+    """Causal attention of one sequence's T rows over its first ``length`` >= T keys in a
+    layer's paged cache (a prompt, or a chunk of one, after a committed prefix of length - T
+    keys): row t sees keys j <= t + length - T. fp32 CPU; q (T, H, D) (rows may be strided,
+    heads and dims contiguous), k_cache / v_cache (num_blocks, block_size, KV, D) contiguous,
+    block_ids int32 physical blocks. -> (T, H, D). Blocked like FlashAttention
+    (kernels/cpu/prefill_attention.c); a row's result does not depend on T, the thread count or
+    its place among the rows. The reference: ``kernels.tree_attention.tree_attention_ref``."""
+    _require()
+    if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(f"q must be (T, H, D) and k_cache, v_cache the same (num_blocks, block_size, KV, D), got "
+                         f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")
+    t, h, d = q.shape
+    nb, bs, kv, dk = k_cache.shape
+    mult = prefill_dim_multiple()
+    if d != dk or d % mult or d > MAX_PREFILL_DIM or h % kv or h // kv > MAX_PREFILL_GROUP:
+        raise ValueError(f"head_dim must match ({d} vs {dk}), be a multiple of {mult} and at most {MAX_PREFILL_DIM}, "
+                         f"heads a multiple of kv heads with at most {MAX_PREFILL_GROUP} per kv head; got H={h}, "
+                         f"KV={kv}")
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.dtype != torch.float32 or x.device.type != "cpu":
+            raise ValueError(f"{name} must be a float32 CPU tensor, got {x.dtype} on {x.device}")
+    if q.stride(2) != 1 or q.stride(1) != d or not k_cache.is_contiguous() or not v_cache.is_contiguous():
+        raise ValueError("q's heads and dims and the caches must be contiguous")
+    if t < 1 or length < t:
+        raise ValueError(f"length must be >= T >= 1 (the rows are the last T of the length keys), got T={t}, "
+                         f"length={length}")
+    n_blk = -(-length // bs)
+    if (block_ids.dtype != torch.int32 or block_ids.dim() != 1 or not block_ids.is_contiguous()
+            or block_ids.numel() < n_blk):
+        raise ValueError(f"block_ids must be a contiguous int32 vector of at least {n_blk} blocks, got "
+                         f"{block_ids.dtype} {tuple(block_ids.shape)}")
+    used = block_ids[:n_blk]
+    if int(used.min()) < 0 or int(used.max()) >= nb:
+        raise ValueError(f"block_ids must lie in [0, {nb}) (num_blocks), got {int(used.min())}..{int(used.max())}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    return prefill_unchecked(q, k_cache, v_cache, block_ids, length, d ** -0.5 if scale is None else scale, threads)
+
+
+_work = threading.local()  # the prefill kernel's packed keys and values, grown as needed, per thread
+
+
+def prefill_unchecked(q, k_cache, v_cache, block_ids, length, scale, threads=None) -> torch.Tensor:
+    """``prefill_attention`` without the checks, for callers that built the arguments (kernels/torch_plan.py)."""
+    t, h, d = q.shape
+    kv = k_cache.shape[2]
+    lib = _lib or _require()
+    need = lib.prefill_attention_work(length, kv, d)
+    work = getattr(_work, "buf", None)
+    if work is None or work.numel() < need:
+        work = _work.buf = torch.empty(need, dtype=torch.float32)
+    out = torch.empty(t, h, d, dtype=torch.float32)
+    rc = lib.prefill_attention(q.data_ptr(), q.stride(0), t, h, kv, d, k_cache.data_ptr(), v_cache.data_ptr(),
+                               block_ids.data_ptr(), k_cache.shape[1], length, scale, out.data_ptr(), work.data_ptr(),
+                               threads or torch.get_num_threads())
+    if rc != 0:
+        raise ValueError(f"prefill_attention refused its shape (T={t}, H={h}, KV={kv}, D={d}, length={length})")
     return out
 
 

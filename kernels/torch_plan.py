@@ -5,8 +5,9 @@ forward by ``plan_step`` instead of once per layer (30 times for the default mod
 ``tree_attention_ref`` and ``kv_store_ref`` stay the readable definitions (layout:
 ``kernels/__init__``); tests hold this path to them. On an x86 CPU in fp32 a sequence's step of
 at most ``SMALL_ROWS`` rows is attended by the skinny C kernel (kernels/skinny.py: reads the
-paged blocks in place, no gather, no SDPA call per sequence); prefill and other dtypes or
-devices by SDPA.
+paged blocks in place, no gather, no SDPA call per sequence); a prompt's rows under the causal
+rule (with or without a committed prefix) by the prefill kernel (``skinny.prefill_attention``,
+1.4-2.3x SDPA's speed); other dtypes, devices and masks by SDPA.
 """
 
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from kernels.mask import unpack_mask
 
 # Steps of at most this many rows per sequence (a decoding step's most: models/linear.STEP_ROWS)
 # go to the skinny CPU attention kernel (fp32, x86 with a C compiler: kernels/skinny.py); prefill
-# and everything else to SDPA. The C kernel reads each key once per step, and it keeps such a
+# to the prefill kernel, everything else to SDPA. The C kernel reads each key once per step, and it keeps such a
 # step on the one-call layer stack, which SDPA cannot join: the whole forward at 24-64 rows is
 # 0-15% faster with it than with SDPA (bench/results/2026-11-26-cpu-roofline/NOTES.md).
 SMALL_ROWS = 64
@@ -36,6 +37,9 @@ class SeqPlan:
     mask: Optional[torch.Tensor]  # (T, length) bool visibility; None = every key visible
     causal: bool  # SDPA's own causal rule (a whole causal prefill without a prefix)
     block_ids: Optional[torch.Tensor] = None  # (n_blk,) int32 physical blocks (CPU: the skinny kernel's input)
+    # the causal rule after the committed prefix, no window (row t sees keys j <= t + length - T),
+    # with the int32 blocks: the CPU prefill kernel's case (a prompt, or a chunk of one)
+    prefill_ids: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -80,8 +84,11 @@ def plan_step(cu_seqlens_q: torch.Tensor, positions: torch.Tensor, block_tables:
             k_pos = torch.cat([torch.arange(C, device=dev), q_pos])
             in_window = (q_pos[:, None] - k_pos[None, :]) < sliding_window
             vis = in_window if vis is None else vis & in_window
-        ids = torch.tensor(row, dtype=torch.int32) if dev.type == "cpu" and T <= SMALL_ROWS else None
-        seqs.append(SeqPlan(s, e, L, first, blocks, n_blk, None if vis is None else vis.contiguous(), sdpa_causal, ids))
+        cpu_ids = torch.tensor(row, dtype=torch.int32) if dev.type == "cpu" else None
+        ids = cpu_ids if T <= SMALL_ROWS else None
+        prefill = cpu_ids if is_causal[b] and T > 1 and sliding_window is None else None
+        seqs.append(SeqPlan(s, e, L, first, blocks, n_blk, None if vis is None else vis.contiguous(), sdpa_causal, ids,
+                            prefill))
     slots = slot_mapping.long()
     flat = slots.tolist()
     start = flat[0] if flat and flat == list(range(flat[0], flat[0] + len(flat))) and flat[0] >= 0 else None
@@ -115,8 +122,15 @@ def attention_planned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     small = (q.dtype == torch.float32 and q.device.type == "cpu" and head_dim % 8 == 0
              and q.stride(2) == 1 and q.stride(1) == head_dim
              and q.shape[1] // n_kv <= skinny.MAX_GROUP and k_cache.is_contiguous() and skinny.available())
+    # the prefill kernel where the skinny one is not taken (a step of few rows after a prefix stays
+    # on the skinny kernel: models/llama.py runs those steps' whole layer stack in one C call)
+    prefill = small and q.shape[1] // n_kv <= skinny.MAX_PREFILL_GROUP and head_dim % skinny.prefill_dim_multiple() == 0
     outs = []
     for sp in plan.seqs:
+        if prefill and sp.prefill_ids is not None and (sp.block_ids is None or sp.causal):
+            outs.append(skinny.prefill_unchecked(q[sp.start:sp.end], k_cache, v_cache, sp.prefill_ids, sp.length,
+                                                 scale))
+            continue
         if small and sp.block_ids is not None and not sp.causal:
             outs.append(skinny.attention_unchecked(q[sp.start:sp.end], k_cache, v_cache, sp.block_ids, sp.length,
                                                    sp.mask, False, scale))

@@ -256,6 +256,78 @@ def test_attention_bad_input_is_named():
 
 
 # ---- elementwise steps of the forward ----------------------------------------------------------
+def paged(g, length, bs, kv, d, spare=3):
+    """Random caches with the sequence's blocks shuffled among spare ones, and its int32 ids."""
+    n = -(-length // bs)
+    k_cache, v_cache = torch.randn(n + spare, bs, kv, d, generator=g), torch.randn(n + spare, bs, kv, d, generator=g)
+    return k_cache, v_cache, torch.randperm(n + spare, generator=g)[:n].int()
+
+
+@pytest.mark.parametrize("t,h,kv,d,prefix,bs", [
+    (1, 9, 3, 64, 0, 16),  # one row
+    (7, 9, 3, 64, 50, 16),  # a few rows after a prefix
+    (130, 9, 3, 64, 0, 16),  # the default model's group; rows past a 128-key chunk
+    (300, 4, 1, 64, 200, 8),  # tasks of 3 rows x 4 heads, chunks cut inside a row block
+    (45, 14, 2, 64, 0, 16),  # Qwen2.5-0.5B's group of 7: tasks of 2 rows, 14 queries (a short score tile)
+    (70, 12, 2, 128, 61, 16),  # group of 6, head dim 128
+    (20, 32, 1, 64, 3, 4),  # group of 32: one row a task, the most queries
+    (33, 8, 8, 64, 0, 16),  # no GQA: tasks of 12 rows, the last short
+])
+def test_prefill_attention_matches_reference(t, h, kv, d, prefix, bs, isa):
+    """The causal rule after a prefix (row t sees keys <= prefix + t), in float64 on gathered
+    keys, on each build: groups of 1 to 32 query heads, head dims 64 and 128, rows that fill the
+    tasks and chunks and rows that do not, shuffled blocks with a partial last one, strided q
+    rows (a slice of a fused q/k/v tensor)."""
+    g = torch.Generator().manual_seed(t * 100 + prefix)
+    length = prefix + t
+    k_cache, v_cache, ids = paged(g, length, bs, kv, d)
+    q = torch.randn(t, h + 2 * kv, d, generator=g)[:, :h]
+    out = skinny.prefill_attention(q, k_cache, v_cache, ids, length, 0.2)
+    assert out.shape == (t, h, d) and out.is_contiguous()
+    torch.testing.assert_close(out, dense_attention(q, k_cache, v_cache, ids, length, None, True, 0.2),
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_prefill_row_does_not_depend_on_its_chunk(threads, isa):
+    """Bit for bit: a row's output is the same in a prompt of 300 rows as the last row of a
+    shorter one with the same keys before it (a prompt prefilled in chunks, or after a
+    prefix), with any thread count; and the skinny kernel's causal rule gives the reference's
+    numbers for the same rows."""
+    g = torch.Generator().manual_seed(5)
+    prefix, t = 40, 300
+    k_cache, v_cache, ids = paged(g, prefix + t, 16, 3, 64)
+    q = torch.randn(t, 9, 64, generator=g)
+    whole = skinny.prefill_attention(q, k_cache, v_cache, ids, prefix + t, threads=threads)
+    for r in (0, 1, 11, 12, 127, 128, 200, 299):
+        part = skinny.prefill_attention(q[:r + 1], k_cache, v_cache, ids, prefix + r + 1, threads=1)
+        assert torch.equal(part[r], whole[r])
+        tail = skinny.prefill_attention(q[r:], k_cache, v_cache, ids, prefix + t, threads=threads)
+        assert torch.equal(tail[0], whole[r])
+    torch.testing.assert_close(whole[-16:], skinny.skinny_attention(q[-16:], k_cache, v_cache, ids, prefix + t,
+                                                                     None, True), atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_attention_bad_input_is_named():
+    kc = torch.randn(4, 8, 2, 64)
+    q = torch.randn(5, 4, 64)
+    ids = torch.tensor([0, 1], dtype=torch.int32)
+    with pytest.raises(ValueError, match="head_dim must match"):
+        skinny.prefill_attention(torch.randn(5, 4, 8), kc, kc, ids, 10)
+    with pytest.raises(ValueError, match="at most 32 per kv head"):
+        skinny.prefill_attention(torch.randn(5, 66, 64), kc, kc, ids, 10)
+    with pytest.raises(ValueError, match="length must be >= T"):
+        skinny.prefill_attention(q, kc, kc, ids, 4)
+    with pytest.raises(ValueError, match="block_ids must lie in \\[0, 4\\)"):
+        skinny.prefill_attention(q, kc, kc, torch.tensor([0, 9], dtype=torch.int32), 10)
+    with pytest.raises(ValueError, match="at least 2 blocks"):
+        skinny.prefill_attention(q, kc, kc, ids[:1], 10)
+    with pytest.raises(ValueError, match="float32 CPU"):
+        skinny.prefill_attention(q.double(), kc, kc, ids, 10)
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        skinny.prefill_attention(q, kc, kc, ids, 10, threads=0)
+
+
 @pytest.mark.parametrize("n", [1, 7, 8, 29, 576])
 def test_rms_norm_matches_torch(n):
     g = torch.Generator().manual_seed(n)

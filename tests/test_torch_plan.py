@@ -91,3 +91,27 @@ def test_backend_without_plan_is_the_reference():
     planned = be.attention(batch.q, batch.k_cache, batch.v_cache, meta, 0.2, None,
                            be.plan(meta, batch.k_cache.shape[1], None))
     torch.testing.assert_close(planned, plain, atol=2e-6, rtol=2e-6)
+
+
+@pytest.mark.parametrize("mode", ["mixed", "none", "masked"])
+@pytest.mark.parametrize("window", [None, 17])
+def test_prompts_go_to_the_prefill_kernel(mode, window, monkeypatch):
+    """A prompt's rows under the causal rule (with or without a committed prefix, more rows
+    than a decoding step's) go to the CPU prefill kernel, a short prompt without a prefix too;
+    a few rows after a prefix stay on the skinny kernel, trees and sliding windows on SDPA.
+    Every output is the reference's."""
+    from kernels import skinny
+
+    if not skinny.available():
+        pytest.skip(f"skinny kernel: {skinny.unavailable_reason()}")
+    calls = []
+    real = skinny.prefill_unchecked
+    monkeypatch.setattr(skinny, "prefill_unchecked", lambda q, *a, **k: calls.append(q.shape[0]) or real(q, *a, **k))
+    seqs = [Seq(C=0, T=90), Seq(C=70, T=80), Seq(C=0, T=20), Seq(C=30, T=5)]
+    seqs += [Seq(C=10, T=70, rule="tree")] if mode != "none" else []  # (no mask: every sequence causal)
+    batch = make_batch(seqs, 6, 2, 64, torch.float32, mode=mode, window=window, seed=4)
+    ref = tree_attention_ref(*batch.args(), mask=batch.mask, causal=batch.causal, sliding_window=window)
+    out = attention_planned(batch.q, batch.k_cache, batch.v_cache, plan_of(batch, window), 64**-0.5)
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=2e-6)
+    # "masked": every sequence's rows come as an explicit mask (no causal flags): none is a prompt
+    assert calls == ([] if window is not None or mode == "masked" else [90, 80, 20])
