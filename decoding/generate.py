@@ -56,11 +56,11 @@ def check_prompts(prompts: list[list[int]], max_new_tokens: int, context: int, v
             raise ValueError(f"prompt {i}: token ids must be in [0, {vocab}), got {bad[:3]}")
 
 
-# Prompt tokens per sequence per prefill forward (generate's default). A later chunk attends its
-# prefix through an explicit mask, which SDPA computes in full on a CPU, while a prompt that
-# fits one chunk is one causal call; a 600-2,000-token prompt's prefill was 4-11% faster in one
-# chunk of 2,048 than in chunks of 512 on the 2-core CPU (bench/results/
-# 2026-11-26-cpu-roofline-bound/NOTES.md). The GPU keeps 512: not measured there.
+# Prompt tokens per sequence per prefill forward (generate's default). On the 2-core CPU a
+# 1,000-2,000-token prompt's prefill is 2-4% faster in one chunk of 2,048 than in chunks of 512
+# (the products run more rows at a time; the prefill kernel attends a later chunk's prefix as
+# fast as its own rows: bench/results/2026-11-27-cpu-prefill-kernel/NOTES.md; with SDPA, which
+# took the prefix through an explicit mask, it was 4-11%). The GPU keeps 512: not measured there.
 PREFILL_CHUNK = 512
 PREFILL_CHUNK_CPU = 2048
 
