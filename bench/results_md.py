@@ -82,6 +82,19 @@ RUNS = [
      "sequences took 36 ms against 21 ms for one token), and the planner predicted each step's forward 21-32% "
      "below what it measured (the step-planner table of its results.md), so it sent drafts that did not "
      "pay. Every output identical to `ar`'s. Texts and token ids removed from the JSON."),
+    ("bench/results/2026-11-27-cpu-prefill-kernel/compare-hf-after/results.json",
+     "--compare-hf --limit 2 after the CPU prefill attention kernel (kernels/cpu/prefill_attention.c), fp32, "
+     "one round, run back to back with the code before it (compare-hf-before/ beside it): all 120 outputs the "
+     "same in both runs, every one identical to `ar`'s and to transformers'. Against transformers in the same "
+     "run, the time to the first token of the 541-1,475-token prompts fell 4-17%; the decoding steps do not use "
+     "the kernel. The run's NOTES.md has the kernel against SDPA (1.3-2.3x) and the prefill alone (9-19% less "
+     "time). Texts and token ids removed from the JSON."),
+    ("bench/results/2026-11-27-cpu-vllm-prefill-kernel/results.json",
+     "--compare-vllm --limit 2 (OMP_NUM_THREADS=1) after the prefill kernel. Every vLLM output equalled vLLM "
+     "plain's and our ar's. Engines not interleaved. Our time to the first token is now vLLM's (16.6 s against "
+     "16.1-16.8 s over the 10 first turns). Our ar 1.40x vLLM plain; our best (suffix, 29.7 tokens/s) 1.29x "
+     "vLLM's best (its suffix, 23.1); our drafter inside vLLM 0.95x its suffix, at tau 1.71 against n-gram's "
+     "1.66, 85% of the best chain of the same trees chosen in hindsight (2.01; NOTES.md)."),
     ("bench/results/2026-11-26-cpu-vllm-shared-store/results.json",
      "--compare-vllm --limit 2 (OMP_NUM_THREADS=1) with our suffix and hybrid drafting from one store of the "
      "run's finished outputs, as vLLM's suffix method and our drafter inside vLLM do (--shared-store, on with "
