@@ -333,6 +333,42 @@ def skinny_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
 MAX_GROUP = 16  # query heads per kv head the attention kernel takes
 
 
+def _check_paged(q, k_cache, v_cache, multiple: int, max_dim: Optional[int], max_group: int) -> tuple[int, ...]:
+    """The attention kernels' shared checks of q (T, H, D) and a layer's paged caches; -> (T, H, D)."""
+    if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(f"q must be (T, H, D) and k_cache, v_cache the same (num_blocks, block_size, KV, D), got "
+                         f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")
+    t, h, d = q.shape
+    kv, dk = k_cache.shape[2], k_cache.shape[3]
+    if d != dk or d % multiple or (max_dim is not None and d > max_dim) or h % kv or h // kv > max_group:
+        raise ValueError(f"head_dim must match ({d} vs {dk}) and be a multiple of {multiple}"
+                         f"{'' if max_dim is None else f' and at most {max_dim}'}, heads a multiple of kv heads "
+                         f"with at most {max_group} per kv head; got H={h}, KV={kv}")
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.dtype != torch.float32 or x.device.type != "cpu":
+            raise ValueError(f"{name} must be a float32 CPU tensor, got {x.dtype} on {x.device}")
+    if q.stride(2) != 1 or q.stride(1) != d or not k_cache.is_contiguous() or not v_cache.is_contiguous():
+        raise ValueError("q's heads and dims and the caches must be contiguous")
+    return t, h, d
+
+
+def _check_blocks(block_ids: torch.Tensor, length: int, k_cache: torch.Tensor) -> None:
+    nb, bs = k_cache.shape[0], k_cache.shape[1]
+    n_blk = -(-length // bs)
+    if (block_ids.dtype != torch.int32 or block_ids.dim() != 1 or not block_ids.is_contiguous()
+            or block_ids.numel() < n_blk):
+        raise ValueError(f"block_ids must be a contiguous int32 vector of at least {n_blk} blocks, got "
+                         f"{block_ids.dtype} {tuple(block_ids.shape)}")
+    used = block_ids[:n_blk]
+    if int(used.min()) < 0 or int(used.max()) >= nb:
+        raise ValueError(f"block_ids must lie in [0, {nb}) (num_blocks), got {int(used.min())}..{int(used.max())}")
+
+
+def _check_threads(threads: Optional[int]) -> None:
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+
+
 def skinny_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_ids: torch.Tensor,
                      length: int, mask: Optional[torch.Tensor] = None, causal: bool = False,
                      scale: Optional[float] = None, threads: Optional[int] = None) -> torch.Tensor:
@@ -343,33 +379,13 @@ def skinny_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     or with ``causal`` row t sees keys j <= t + length - T). -> (T, H, D). A row with no
     visible key gets zeros. The reference: ``kernels.tree_attention.tree_attention_ref``."""
     _require()
-    if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
-        raise ValueError(f"q must be (T, H, D) and k_cache, v_cache the same (num_blocks, block_size, KV, D), got "
-                         f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")
-    t, h, d = q.shape
-    nb, bs, kv, dk = k_cache.shape
-    if d != dk or d % 8 or h % kv or h // kv > MAX_GROUP:
-        raise ValueError(f"head_dim must match ({d} vs {dk}) and be a multiple of 8, heads a multiple of kv heads "
-                         f"with at most {MAX_GROUP} per kv head; got H={h}, KV={kv}")
-    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if x.dtype != torch.float32 or x.device.type != "cpu":
-            raise ValueError(f"{name} must be a float32 CPU tensor, got {x.dtype} on {x.device}")
-    if q.stride(2) != 1 or q.stride(1) != d or not k_cache.is_contiguous() or not v_cache.is_contiguous():
-        raise ValueError("q's heads and dims and the caches must be contiguous")
+    t, h, d = _check_paged(q, k_cache, v_cache, 8, None, MAX_GROUP)
     if length < 1:
         raise ValueError(f"length must be >= 1, got {length}")
-    n_blk = -(-length // bs)
-    if (block_ids.dtype != torch.int32 or block_ids.dim() != 1 or not block_ids.is_contiguous()
-            or block_ids.numel() < n_blk):
-        raise ValueError(f"block_ids must be a contiguous int32 vector of at least {n_blk} blocks, got "
-                         f"{block_ids.dtype} {tuple(block_ids.shape)}")
-    used = block_ids[:n_blk]
-    if int(used.min()) < 0 or int(used.max()) >= nb:
-        raise ValueError(f"block_ids must lie in [0, {nb}) (num_blocks), got {int(used.min())}..{int(used.max())}")
+    _check_blocks(block_ids, length, k_cache)
     if mask is not None and (mask.dtype != torch.bool or mask.shape != (t, length) or not mask.is_contiguous()):
         raise ValueError(f"mask must be a contiguous bool ({t}, {length}) tensor, got {mask.dtype} {tuple(mask.shape)}")
-    if threads is not None and threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
+    _check_threads(threads)
     return attention_unchecked(q, k_cache, v_cache, block_ids, length, mask, causal,
                                d ** -0.5 if scale is None else scale,
                                threads)
@@ -413,34 +429,12 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     (kernels/cpu/prefill_attention.c); a row's result does not depend on T, the thread count or
     its place among the rows. The reference: ``kernels.tree_attention.tree_attention_ref``."""
     _require()
-    if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
-        raise ValueError(f"q must be (T, H, D) and k_cache, v_cache the same (num_blocks, block_size, KV, D), got "
-                         f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")
-    t, h, d = q.shape
-    nb, bs, kv, dk = k_cache.shape
-    mult = prefill_dim_multiple()
-    if d != dk or d % mult or d > MAX_PREFILL_DIM or h % kv or h // kv > MAX_PREFILL_GROUP:
-        raise ValueError(f"head_dim must match ({d} vs {dk}), be a multiple of {mult} and at most {MAX_PREFILL_DIM}, "
-                         f"heads a multiple of kv heads with at most {MAX_PREFILL_GROUP} per kv head; got H={h}, "
-                         f"KV={kv}")
-    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if x.dtype != torch.float32 or x.device.type != "cpu":
-            raise ValueError(f"{name} must be a float32 CPU tensor, got {x.dtype} on {x.device}")
-    if q.stride(2) != 1 or q.stride(1) != d or not k_cache.is_contiguous() or not v_cache.is_contiguous():
-        raise ValueError("q's heads and dims and the caches must be contiguous")
+    t, h, d = _check_paged(q, k_cache, v_cache, prefill_dim_multiple(), MAX_PREFILL_DIM, MAX_PREFILL_GROUP)
     if t < 1 or length < t:
         raise ValueError(f"length must be >= T >= 1 (the rows are the last T of the length keys), got T={t}, "
                          f"length={length}")
-    n_blk = -(-length // bs)
-    if (block_ids.dtype != torch.int32 or block_ids.dim() != 1 or not block_ids.is_contiguous()
-            or block_ids.numel() < n_blk):
-        raise ValueError(f"block_ids must be a contiguous int32 vector of at least {n_blk} blocks, got "
-                         f"{block_ids.dtype} {tuple(block_ids.shape)}")
-    used = block_ids[:n_blk]
-    if int(used.min()) < 0 or int(used.max()) >= nb:
-        raise ValueError(f"block_ids must lie in [0, {nb}) (num_blocks), got {int(used.min())}..{int(used.max())}")
-    if threads is not None and threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
+    _check_blocks(block_ids, length, k_cache)
+    _check_threads(threads)
     return prefill_unchecked(q, k_cache, v_cache, block_ids, length, d ** -0.5 if scale is None else scale, threads)
 
 
