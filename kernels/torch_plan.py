@@ -66,27 +66,29 @@ def plan_step(cu_seqlens_q: torch.Tensor, positions: torch.Tensor, block_tables:
         if T == 0:
             continue
         L = C + T
+        # no two of the sequence's positions (0 .. L - 1) lie a window apart: the window hides nothing
+        window = sliding_window if sliding_window is not None and L > sliding_window else None
         n_blk = -(-L // block_size)
         row = tables[b][:n_blk]
         first = row[0] if row == list(range(row[0], row[0] + n_blk)) else None
         blocks = None if first is not None else torch.tensor(row, dtype=torch.int64, device=dev)
         vis, sdpa_causal = None, False
         if is_causal[b]:
-            if T > 1 and C == 0 and sliding_window is None:
+            if T > 1 and C == 0 and window is None:
                 sdpa_causal = True
             elif T > 1:
                 vis = torch.ones(T, L, dtype=torch.bool, device=dev).tril(diagonal=C)
         else:
             vis = torch.ones(T, L, dtype=torch.bool, device=dev)
             vis[:, C:] = unpack_mask(mask[s:e], T)
-        if sliding_window is not None:
+        if window is not None:
             q_pos = positions[s:e].long()
             k_pos = torch.cat([torch.arange(C, device=dev), q_pos])
-            in_window = (q_pos[:, None] - k_pos[None, :]) < sliding_window
+            in_window = (q_pos[:, None] - k_pos[None, :]) < window
             vis = in_window if vis is None else vis & in_window
         cpu_ids = torch.tensor(row, dtype=torch.int32) if dev.type == "cpu" else None
         ids = cpu_ids if T <= SMALL_ROWS else None
-        prefill = cpu_ids if is_causal[b] and T > 1 and sliding_window is None else None
+        prefill = cpu_ids if is_causal[b] and T > 1 and window is None else None
         seqs.append(SeqPlan(s, e, L, first, blocks, n_blk, None if vis is None else vis.contiguous(), sdpa_causal, ids,
                             prefill))
     slots = slot_mapping.long()
