@@ -255,15 +255,16 @@ int prefill_attention(const float *q, int64_t q_stride, int T, int H, int KV, in
                         alpha[i] = 1.0f;
                         continue;
                     }
-                    for (int64_t j = nv; j < KC; j++) si[j] = -INFINITY;
+                    const int nw = (int)((nv + VL - 1) / VL * VL); /* the vectors that hold its visible keys */
+                    for (int j = (int)nv; j < nw; j++) si[j] = -INFINITY;
                     vf vm = V_LOAD(si);
-                    for (int j = VL; j < KC; j += VL) vm = V_MAX(vm, V_LOAD(si + j));
+                    for (int j = VL; j < nw; j += VL) vm = V_MAX(vm, V_LOAD(si + j));
                     const float m_new = fmaxf(mx[i], v_hmax(vm));
                     alpha[i] = mx[i] == -INFINITY ? 0.0f : expf(scale * (mx[i] - m_new));
                     mx[i] = m_new;
                     const vf vs = V_SET1(scale), vmn = V_SET1(m_new);
                     vf acc = V_ZERO();
-                    for (int j = 0; j < KC; j += VL) {
+                    for (int j = 0; j < nw; j += VL) {
                         vf e = v_exp_neg(V_MUL(vs, V_SUB(V_LOAD(si + j), vmn)));
                         if (j + VL > nv) { /* zero the cut keys' lanes exactly */
                             float tmp[VL] __attribute__((aligned(64)));
@@ -275,6 +276,7 @@ int prefill_attention(const float *q, int64_t q_stride, int T, int H, int KV, in
                         V_STORE(si + j, e);
                         acc = V_ADD(acc, e);
                     }
+                    if (nw < n) memset(si + nw, 0, sizeof(float) * (n - nw)); /* keys others of the task see */
                     sum[i] = sum[i] * alpha[i] + v_hsum(acc);
                 }
                 for (int d0 = 0; d0 < D; d0 += DV * VL)
