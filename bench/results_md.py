@@ -87,7 +87,7 @@ RUNS = [
      "one round, run back to back with the code before it (compare-hf-before/ beside it): all 120 outputs the "
      "same in both runs, every one identical to `ar`'s and to transformers'. Against transformers in the same "
      "run, the time to the first token of the 541-1,475-token prompts fell 4-17%; the decoding steps do not use "
-     "the kernel. The run's NOTES.md has the kernel against SDPA (1.3-2.3x) and the prefill alone (9-19% less "
+     "the kernel. The run's NOTES.md has the kernel against SDPA (1.3-2.3x) and the prefill alone (8-16% less "
      "time). Texts and token ids removed from the JSON."),
     ("bench/results/2026-11-27-cpu-vllm-prefill-kernel/results.json",
      "--compare-vllm --limit 2 (OMP_NUM_THREADS=1) after the prefill kernel. Every vLLM output equalled vLLM "

@@ -7,7 +7,7 @@ forward by ``plan_step`` instead of once per layer (30 times for the default mod
 at most ``SMALL_ROWS`` rows is attended by the skinny C kernel (kernels/skinny.py: reads the
 paged blocks in place, no gather, no SDPA call per sequence); a prompt's rows under the causal
 rule (with or without a committed prefix) by the prefill kernel (``skinny.prefill_attention``,
-1.4-2.3x SDPA's speed); other dtypes, devices and masks by SDPA.
+1.3-2.3x SDPA's speed); other dtypes, devices and masks by SDPA.
 """
 
 from dataclasses import dataclass
