@@ -7,7 +7,8 @@ forward by ``plan_step`` instead of once per layer (30 times for the default mod
 at most ``SMALL_ROWS`` rows is attended by the skinny C kernel (kernels/skinny.py: reads the
 paged blocks in place, no gather, no SDPA call per sequence); a prompt's rows under the causal
 rule (with or without a committed prefix) by the prefill kernel (``skinny.prefill_attention``,
-1.3-2.3x SDPA's speed); other dtypes, devices and masks by SDPA.
+1.3-2.3x SDPA's speed on the default model's shape: bench/results/2026-11-27-cpu-prefill-kernel/
+NOTES.md); other dtypes, devices and masks by SDPA.
 """
 
 from dataclasses import dataclass
@@ -20,9 +21,9 @@ from kernels.mask import unpack_mask
 
 # Steps of at most this many rows per sequence (a decoding step's most: models/linear.STEP_ROWS)
 # go to the skinny CPU attention kernel (fp32, x86 with a C compiler: kernels/skinny.py); prefill
-# to the prefill kernel, everything else to SDPA. The C kernel reads each key once per step, and it keeps such a
-# step on the one-call layer stack, which SDPA cannot join: the whole forward at 24-64 rows is
-# 0-15% faster with it than with SDPA (bench/results/2026-11-26-cpu-roofline/NOTES.md).
+# to the prefill kernel, everything else to SDPA. The C kernel reads each key once per step, and
+# it keeps such a step on the one-call layer stack, which SDPA cannot join: the whole forward at
+# 24-64 rows is 0-15% faster with it than with SDPA (bench/results/2026-11-26-cpu-roofline/NOTES.md).
 SMALL_ROWS = 64
 
 

@@ -91,7 +91,7 @@ static inline float v_hsum(vf v) {
 
 #define KN (2 * VL)   /* keys per packed panel: the score tile's width */
 #ifndef KC
-#define KC 128        /* keys per chunk (64: 5% slower at 2,000 rows) */
+#define KC 128        /* keys per chunk: 64 was 5% slower at 2,000 rows (bench/results/2026-11-27-cpu-prefill-kernel/NOTES.md) */
 #endif
 #define DV 4          /* vectors of dims per value tile */
 #ifndef QBLOCK
