@@ -435,6 +435,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                          f"length={length}")
     _check_blocks(block_ids, length, k_cache)
     _check_threads(threads)
+    if scale is not None and not 0 < scale < float("inf"):  # the kernel's exponents are <= 0 only for scale > 0
+        raise ValueError(f"scale must be a finite number > 0, got {scale}")
     return prefill_unchecked(q, k_cache, v_cache, block_ids, length, d ** -0.5 if scale is None else scale, threads)
 
 

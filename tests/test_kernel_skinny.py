@@ -326,6 +326,9 @@ def test_prefill_attention_bad_input_is_named():
         skinny.prefill_attention(q.double(), kc, kc, ids, 10)
     with pytest.raises(ValueError, match="threads must be >= 1"):
         skinny.prefill_attention(q, kc, kc, ids, 10, threads=0)
+    for scale in (0.0, -0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="scale must be a finite number > 0"):
+            skinny.prefill_attention(q, kc, kc, ids, 10, scale)
 
 
 @pytest.mark.parametrize("n", [1, 7, 8, 29, 576])
