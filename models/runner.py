@@ -6,6 +6,7 @@ runner packs them into one forward over the paged cache and returns per-sequence
 After verification ``commit`` keeps the accepted tokens' K/V and drops the rest.
 """
 
+from array import array
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -300,50 +301,57 @@ class ModelRunner:
 
         tokens, positions, slots, cu, logits_idx = [], [], [], [0], []
         tree = [inp.mask is not None or inp.parents is not None for inp in inputs]  # not causal
-        any_mask = any(tree)
+        bs = cache.block_size
         for inp, depths in zip(inputs, all_depths):
             ctx, T = cache.lengths[inp.seq_id], len(inp.tokens)
             tokens += inp.tokens
             positions += [ctx + d for d in depths]
-            slots += cache.slots(inp.seq_id, ctx, T)
-            rows = range(T) if inp.logits_rows is None else inp.logits_rows
-            logits_idx += [cu[-1] + r for r in rows]
-            cu.append(cu[-1] + T)
-        dev = self.device
+            blocks = cache.blocks[inp.seq_id]
+            slots += [blocks[j // bs] * bs + j % bs for j in range(ctx, ctx + T)]
+            start = cu[-1]
+            logits_idx += range(start, start + T) if inp.logits_rows is None else [start + r for r in inp.logits_rows]
+            cu.append(start + T)
         seq_ids = [inp.seq_id for inp in inputs]
-        mask = causal = None
-        if any_mask:
-            width = max(len(inp.tokens) for inp, t in zip(inputs, tree) if t)
-            n_words = -(-width // 32)
-            mask = torch.zeros(cu[-1], n_words, dtype=torch.int32)
-            for b, inp in enumerate(inputs):
+        lens = [cache.lengths[s] for s in seq_ids]
+        width = max(1, max(len(cache.blocks[s]) for s in seq_ids))
+        table: list[int] = []
+        for s in seq_ids:
+            table += cache.blocks[s]
+            table += [-1] * (width - len(cache.blocks[s]))
+        mask_words = n_words = None
+        if any(tree):
+            n_words = -(-max(len(inp.tokens) for inp, t in zip(inputs, tree) if t) // 32)
+            mask_words = []
+            for inp in inputs:
                 if inp.parents is not None:
-                    mask[cu[b]:cu[b + 1]] = torch.tensor(tree_mask_words(inp.parents, n_words), dtype=torch.int32)
+                    for row in tree_mask_words(inp.parents, n_words):
+                        mask_words += row
                 elif inp.mask is not None:
                     words = pack_mask(inp.mask.cpu())
-                    mask[cu[b]:cu[b + 1], :words.shape[1]] = words
-            causal = torch.tensor([not t for t in tree], dtype=torch.bool, device=dev)
-        table = self.cache.block_table(seq_ids, "cpu")
-        lens = [cache.lengths[s] for s in seq_ids]
+                    words = torch.nn.functional.pad(words, (0, n_words - words.shape[1]))
+                    mask_words += words.flatten().tolist()
+                else:
+                    mask_words += [0] * (len(inp.tokens) * n_words)
         idx_list = None if len(logits_idx) == cu[-1] else logits_idx
         # The step's integers go to the device in two copies (one per dtype), each piece a view
         # of them: on a GPU every copy is a host round trip of its own (8 of them per step before).
         # Each piece starts 16 bytes aligned, as a tensor of its own would: Triton specialises
         # kernels on pointer alignment, and a piece at an odd offset would compile another variant.
-        _, v32 = _packed([torch.tensor(cu, dtype=torch.int32), torch.tensor(positions, dtype=torch.int32),
-                               torch.tensor(lens, dtype=torch.int32), table.flatten()]
-                              + ([] if mask is None else [mask.flatten()]), 4, dev)
-        _, v64 = _packed([torch.tensor(tokens, dtype=torch.int64), torch.tensor(slots, dtype=torch.int64)]
-                              + ([] if idx_list is None else [torch.tensor(idx_list, dtype=torch.int64)]), 2, dev)
+        # The host side is one flat array per dtype (no tensor per piece: on a CPU building them
+        # had been most of a one-token step's packing).
+        dev = self.device
+        v32 = _packed(array("i"), [cu, positions, lens, table] + ([] if mask_words is None else [mask_words]), 4,
+                      torch.int32, dev)
+        v64 = _packed(array("q"), [tokens, slots] + ([] if idx_list is None else [idx_list]), 2, torch.int64, dev)
         meta = StepMeta(
             cu_seqlens_q=v32[0],
             positions=v32[1],
-            block_tables=v32[3].view(table.shape),
+            block_tables=v32[3].view(len(seq_ids), width),
             context_lens=v32[2],
             slot_mapping=v64[1],
             max_seqlen_q=max(len(inp.tokens) for inp in inputs),
-            mask=None if mask is None else v32[4].view(mask.shape),
-            causal=causal,
+            mask=None if mask_words is None else v32[4].view(cu[-1], n_words),
+            causal=None if mask_words is None else torch.tensor([not t for t in tree], dtype=torch.bool, device=dev),
         )
         return v64[0], meta, None if idx_list is None else v64[2]
 
@@ -374,15 +382,15 @@ class ModelRunner:
             cache.commit(s, len(rows))
 
 
-def _packed(parts: list[torch.Tensor], align: int, device) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """``parts`` (1-D, one dtype) copied to ``device`` as one tensor, each starting at a multiple
-    of ``align`` elements; returns it and the parts' views of it."""
-    starts, n = [], 0
+def _packed(buf: array, parts: list[list[int]], align: int, dtype: torch.dtype, device) -> list[torch.Tensor]:
+    """``parts`` (lists of ints) copied to ``device`` as one tensor of ``dtype`` (``buf``: an empty
+    array of its type code), each starting at a multiple of ``align`` elements; returns the
+    parts' views of it."""
+    starts = []
     for p in parts:
-        starts.append(n)
-        n += -(-p.numel() // align) * align
-    host = torch.zeros(n, dtype=parts[0].dtype)
-    for p, a in zip(parts, starts):
-        host[a:a + p.numel()] = p
-    dev = host.to(device)
-    return dev, [dev[a:a + p.numel()] for p, a in zip(parts, starts)]
+        starts.append(len(buf))
+        buf.extend(p)
+        buf.extend([0] * (-len(buf) % align))
+    # the tensor shares buf's memory and holds a reference to it (on the CPU, .to is a no-op)
+    dev = (torch.frombuffer(buf, dtype=dtype) if len(buf) else torch.empty(0, dtype=dtype)).to(device)
+    return [dev[a:a + len(p)] for p, a in zip(parts, starts)]

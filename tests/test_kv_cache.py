@@ -6,6 +6,7 @@ import torch
 from helpers import ours_from_hf, tiny_hf_model
 from models.config import ModelConfig
 from models.kv_cache import KVCacheFull, PagedKVCache
+from kernels.mask import pack_mask
 from models.runner import StepInput
 
 CFG = ModelConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_layers=2, num_heads=2, num_kv_heads=1)
@@ -127,3 +128,71 @@ def test_warm_up_commit_moves_kv_on_a_scratch_sequence_and_frees_it(monkeypatch)
     runner.warm_up_commit()
     assert moved == [[[0, 2]]]
     assert runner.seq_ids == [0] and len(runner.cache.free_blocks) == free_before
+
+
+def _prepare_ref(runner, inputs):
+    """What ``ModelRunner.prepare`` must pack, written plainly: one tensor per field."""
+    cache = runner.cache
+    tokens, positions, slots, cu, idx = [], [], [], [0], []
+    for inp in inputs:
+        ctx, T = cache.lengths[inp.seq_id], len(inp.tokens)
+        depths = list(range(T)) if inp.depths is None else inp.depths
+        tokens += inp.tokens
+        positions += [ctx + d for d in depths]
+        slots += cache.slots(inp.seq_id, ctx, T)
+        idx += [cu[-1] + r for r in (range(T) if inp.logits_rows is None else inp.logits_rows)]
+        cu.append(cu[-1] + T)
+    trees = [inp.mask is not None or inp.parents is not None for inp in inputs]
+    mask = None
+    if any(trees):
+        words = -(-max(len(i.tokens) for i, t in zip(inputs, trees) if t) // 32)
+        mask = torch.zeros(cu[-1], words, dtype=torch.int32)
+        for b, inp in enumerate(inputs):
+            if inp.parents is not None:
+                m = torch.zeros(len(inp.parents), len(inp.parents), dtype=torch.bool)
+                for i, p in enumerate(inp.parents):
+                    if p >= 0:
+                        m[i] = m[p]
+                    m[i, i] = True
+            else:
+                m = inp.mask
+            if m is not None:
+                packed = pack_mask(m)
+                mask[cu[b]:cu[b + 1], :packed.shape[1]] = packed
+    seq_ids = [i.seq_id for i in inputs]
+    return dict(tokens=torch.tensor(tokens), positions=torch.tensor(positions, dtype=torch.int32),
+                slots=torch.tensor(slots), cu=torch.tensor(cu, dtype=torch.int32),
+                lens=torch.tensor([cache.lengths[s] for s in seq_ids], dtype=torch.int32),
+                table=cache.block_table(seq_ids), mask=mask,
+                causal=None if mask is None else torch.tensor([not t for t in trees]),
+                idx=None if len(idx) == cu[-1] else torch.tensor(idx), max_q=max(len(i.tokens) for i in inputs))
+
+
+def test_prepare_packs_every_field_as_the_plain_reference():
+    runner = ours_from_hf(tiny_hf_model("llama"), cache_tokens=512, block_size=4)
+    gen = torch.Generator().manual_seed(0)
+    for s, n in ((0, 7), (1, 1), (2, 13), (3, 40)):
+        runner.add_sequence(s)
+        runner.assume_context(s, n)
+    mask = torch.rand(5, 5, generator=gen) < 0.5
+    mask |= torch.eye(5, dtype=torch.bool)
+    steps = [
+        [StepInput(0, [3])],  # one decoding token
+        [StepInput(0, [3, 4, 5]), StepInput(2, [1])],  # chains: causal
+        [StepInput(1, [1, 2, 3, 4], depths=[0, 1, 1, 2], parents=[-1, 0, 0, 1], logits_rows=[0, 2]),
+         StepInput(3, list(range(1, 36)), depths=list(range(35)), parents=[-1] + list(range(34)))],  # 2 mask words
+        [StepInput(2, [5] * 5, depths=[0, 1, 2, 1, 2], mask=mask), StepInput(0, [6, 7]),
+         StepInput(3, [8], logits_rows=[])],  # an explicit mask beside causal rows
+    ]
+    for step in steps:
+        tokens, meta, idx = runner.prepare(step)
+        ref = _prepare_ref(runner, step)
+        assert torch.equal(tokens, ref["tokens"]) and torch.equal(meta.positions, ref["positions"])
+        assert torch.equal(meta.slot_mapping, ref["slots"]) and torch.equal(meta.cu_seqlens_q, ref["cu"])
+        assert torch.equal(meta.context_lens, ref["lens"]) and torch.equal(meta.block_tables, ref["table"])
+        assert meta.max_seqlen_q == ref["max_q"]
+        for got, want in ((meta.mask, ref["mask"]), (meta.causal, ref["causal"]), (idx, ref["idx"])):
+            assert (got is None) == (want is None) and (got is None or torch.equal(got, want))
+        for t in (tokens, meta.positions, meta.slot_mapping, meta.cu_seqlens_q, meta.context_lens, meta.block_tables,
+                  meta.mask, idx):
+            assert t is None or t.data_ptr() % 16 == 0  # each piece aligned as a tensor of its own
