@@ -35,18 +35,17 @@ The library also measures the machine's roofline (``cpu/roofline.c``): the peak 
 
 import contextlib
 import ctypes
-import hashlib
 import os
 import platform
-import shutil
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
+
+from kernels import cbuild
 
 SOURCES = [Path(__file__).with_name("cpu") / f for f in ("skinny_gemm.c", "skinny_attention.c", "prefill_attention.c",
                                                                        "skinny_elementwise.c", "skinny_layers.c",
@@ -71,19 +70,6 @@ _isa: Optional[str] = None
 _reason: Optional[str] = None
 _tried = False
 _built: dict = {}  # instruction set -> (library, tag), each built once per process
-
-
-def _cache_dir() -> Path:
-    env = os.environ.get("SPECDEC_KERNEL_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "specdec" / "kernels"
-
-
-def _compiler() -> Optional[str]:
-    for name in ([os.environ["CC"]] if os.environ.get("CC") else []) + ["cc", "gcc"]:
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
 
 
 def cpu_flags() -> set[str]:
@@ -136,28 +122,8 @@ def _extra_flags(isa: str) -> list[str]:
 def _build(isa: str) -> tuple[ctypes.CDLL, str]:
     if isa in _built:
         return _built[isa]
-    cc = _compiler()
-    if cc is None:
-        raise RuntimeError("no C compiler found ($CC, cc, gcc)")
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    flags = FLAGS + ISAS[isa][0] + _extra_flags(isa)
-    src = b"".join(f.read_bytes() for f in SOURCES + HEADERS)
-    tag = hashlib.sha256(src + " ".join(flags + LIBS).encode() + version.encode()).hexdigest()[:16]
-    out = _cache_dir() / f"skinny-{isa}-{tag}.so"
-    if not out.is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)  # built aside, renamed: safe for parallel builds
-        os.close(fd)
-        try:
-            r = subprocess.run([cc, *flags, *map(str, SOURCES), "-o", tmp, *LIBS], capture_output=True, text=True,
-                               timeout=120)
-            if r.returncode != 0:
-                raise RuntimeError(f"{cc} failed on {', '.join(f.name for f in SOURCES)}: {r.stderr.strip()[-2000:]}")
-            os.replace(tmp, out)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    lib = ctypes.CDLL(str(out))
+    path, tag = cbuild.build(f"skinny-{isa}", SOURCES, HEADERS, FLAGS + ISAS[isa][0] + _extra_flags(isa), LIBS)
+    lib = ctypes.CDLL(str(path))
     _declare(lib)
     _built[isa] = (lib, f"{isa}-{tag}")
     return _built[isa]

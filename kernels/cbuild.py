@@ -1,0 +1,55 @@
+"""Building a C shared library on first use: the system compiler (``$CC``, else ``cc`` /
+``gcc``), one cached ``.so`` per source, flags and compiler under ``~/.cache/specdec/kernels/``
+(``$SPECDEC_KERNEL_CACHE`` to move it). The CPU kernels (kernels/skinny.py) and the compiled
+host path of decoding (decoding/compiled.py) are built this way.
+"""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("SPECDEC_KERNEL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "specdec" / "kernels"
+
+
+def compiler() -> Optional[str]:
+    for name in ([os.environ["CC"]] if os.environ.get("CC") else []) + ["cc", "gcc"]:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def build(name: str, sources: list[Path], headers: list[Path], flags: list[str], libs: list[str]
+          ) -> tuple[Path, str]:
+    """The library ``name`` built from ``sources`` (``headers`` count in its hash only):
+    (path of the .so, its tag: a hash of sources, flags and compiler). Built aside and renamed,
+    so processes that build it at the same time never load a half-written file.
+    RuntimeError when there is no compiler or it fails."""
+    cc = compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler found ($CC, cc, gcc)")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    src = b"".join(f.read_bytes() for f in sources + headers)
+    tag = hashlib.sha256(src + " ".join(flags + libs).encode() + version.encode()).hexdigest()[:16]
+    out = cache_dir() / f"{name}-{tag}.so"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        try:
+            r = subprocess.run([cc, *flags, *map(str, sources), "-o", tmp, *libs], capture_output=True, text=True,
+                               timeout=120)
+            if r.returncode != 0:
+                raise RuntimeError(f"{cc} failed on {', '.join(f.name for f in sources)}: {r.stderr.strip()[-2000:]}")
+            os.replace(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return out, tag
