@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from decoding import compiled  # noqa: E402
 from models.runner import ModelRunner, StepInput  # noqa: E402
 
 DEFAULT_COST = Path(__file__).resolve().parent / "data" / "step_cost_reference.json"
@@ -146,11 +147,18 @@ def parse_args(argv=None):
                    help="the pinned step-cost curve the planner plans with (default: bench/data/"
                         "step_cost_reference.json)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the fastest is kept (default 3)")
+    p.add_argument("--paths", default="compiled",
+                   help="comma list of host paths to time, interleaved: compiled (decoding/compiled.py where "
+                        "it builds), reference (the Python reference); default compiled")
     p.add_argument("--out", default=None, help="also write host_step.json there")
     args = p.parse_args(argv)
     for name in ("limit", "batch_size", "max_new_tokens", "repeats"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    args.paths = list(dict.fromkeys(x for x in args.paths.split(",") if x))
+    bad = [x for x in args.paths if x not in ("compiled", "reference")]
+    if bad or not args.paths:
+        p.error(f"--paths must list compiled and/or reference, got {args.paths}")
     return args
 
 
@@ -173,22 +181,29 @@ def main(argv=None) -> dict:
                for r in load_suite(split="test", limit=args.limit)]
     answers = answers_for(loaded.model, prompts, args.max_new_tokens)
     batches = [prompts[i:i + args.batch_size] for i in range(0, len(prompts), args.batch_size)]
-    best: dict[str, dict] = {}
-    for _ in range(args.repeats):
-        for m in methods:
-            r = run_method(loaded.model, m, batches, answers, args.max_new_tokens, cost, not args.no_plan)
-            if m not in best or r["host"] < best[m]["host"]:
-                best[m] = r
+    best: dict[tuple[str, str], dict] = {}
+    before = compiled.use_compiled(True)
+    try:
+        for _ in range(args.repeats):
+            for m in methods:
+                for path in args.paths:
+                    compiled.use_compiled(path == "compiled")
+                    r = run_method(loaded.model, m, batches, answers, args.max_new_tokens, cost, not args.no_plan)
+                    r["path"] = compiled.path()
+                    if (m, path) not in best or r["host"] < best[m, path]["host"]:
+                        best[m, path] = r
+    finally:
+        compiled.use_compiled(before)
     phases = ("plan", "propose", "pack", "verify", "commit", "update")
     print(f"host ms per step (fastest of {args.repeats}), {len(prompts)} prompts, batch {args.batch_size}, "
           f"{'whole trees' if args.no_plan else 'planned (pinned curve)'}, {torch.get_num_threads()} threads")
-    print(f"| method | {' | '.join(phases)} | host | per seq | tau | = ar |")
-    print("|---" * (len(phases) + 5) + "|")
-    for m, r in best.items():
+    print(f"| method | path | {' | '.join(phases)} | host | per seq | tau | = ar |")
+    print("|---" * (len(phases) + 6) + "|")
+    for (m, path), r in best.items():
         per_seq = r["host"] / min(args.batch_size, len(prompts))
-        print(f"| {m} | " + " | ".join(f"{r[p]:.3f}" for p in phases)
+        print(f"| {m} | {path} | " + " | ".join(f"{r[p]:.3f}" for p in phases)
               + f" | {r['host']:.3f} | {per_seq:.3f} | {r['tau']:.2f} | {'yes' if r['identical'] else 'NO'} |")
-    result = dict(args=vars(args), methods=best)
+    result = dict(args=vars(args), methods={f"{m} {path}": r for (m, path), r in best.items()})
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "host_step.json").write_text(json.dumps(result, indent=1))

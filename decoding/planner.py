@@ -18,9 +18,11 @@ likely to be accepted, or tokens are dear, steps shrink to one token per sequenc
 decoding, and never slower than it by the model's own estimate.
 """
 
+from array import array
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional
 
+from decoding import compiled
 from decoding.proposer import Outcome
 from decoding.tree import DRAFT, HARVEST, RECYCLE, WINDOW, StepTree
 
@@ -126,6 +128,40 @@ class Acceptance:
             self.shared.record(key, hit)
         else:
             self.version += 1
+
+
+class ArrayAcceptance(Acceptance):
+    """``Acceptance`` with its hits and trials in dense arrays (one slot per key:
+    ``compiled.key_index``), which the compiled planner reads and writes in place; the same
+    estimates as the dict's."""
+
+    def __init__(self, cfg: PlannerConfig, shared: "ArrayAcceptance | None" = None):
+        super().__init__(cfg, shared)
+        self.hits, self.trials = array("d", bytes(8 * compiled.N_KEYS)), array("d", bytes(8 * compiled.N_KEYS))
+
+    def _rates(self, key: "AcceptKey") -> tuple[float, float]:
+        i = compiled.key_index(key)
+        base = self.shared.rate(key) if self.shared is not None else self.cfg.prior
+        w = self.cfg.prior_weight
+        n = self.trials[i] + w
+        p = (self.hits[i] + base * w) / n
+        return p, min(p + self.cfg.explore * (p * (1 - p) / n) ** 0.5, 0.99)
+
+    def record(self, key: "AcceptKey", hit: bool) -> None:
+        i, d = compiled.key_index(key), self.cfg.decay
+        self.hits[i] = d * self.hits[i] + hit
+        self.trials[i] = d * self.trials[i] + 1.0
+        if self.shared is not None:
+            self.shared.record(key, hit)
+
+
+def _total(xs) -> float:
+    """The sum of ``xs`` added left to right, as the compiled twin adds (``sum`` of floats
+    compensates its rounding from Python 3.12 on)."""
+    out = 0.0
+    for x in xs:
+        out += x
+    return out
 
 
 # whether the model's own earlier prediction (a recycled top-k token, decoding/recycle.py) backs a
@@ -260,7 +296,11 @@ class Planner:
     def __init__(self, cost: CostFn, cfg: PlannerConfig | None = None):
         self.cost, self.cfg = cost, cfg or PlannerConfig()
         self.contexts: Optional[list[int]] = None  # of the batch being planned
-        self.shared = Acceptance(self.cfg)
+        # the compiled twin of max_depth / select / observe (decoding/compiled.py), or None: these
+        # methods' Python bodies below are its reference
+        self._core = compiled.planner_core(cost)
+        self._Acc = ArrayAcceptance if self._core is not None else Acceptance
+        self.shared = self._Acc(self.cfg)
         self.seq_acc: dict[int, Acceptance] = {}
         self.window_credit = 0.0  # accepted tokens only the window's harvest proposed
         self.window_columns = 0  # window columns sent
@@ -276,7 +316,7 @@ class Planner:
     # ---- estimates --------------------------------------------------------------------------
     def acceptance(self, sid: int) -> Acceptance:
         if sid not in self.seq_acc:
-            self.seq_acc[sid] = Acceptance(self.cfg, self.shared)
+            self.seq_acc[sid] = self._Acc(self.cfg, self.shared)
         return self.seq_acc[sid]
 
     @property
@@ -319,6 +359,8 @@ class Planner:
         ``contexts``: the sequences' committed lengths, for a cost that depends on them (they
         hold for this step's ``select`` and ``observe_time`` too)."""
         self.contexts = contexts
+        if self._core is not None and (out := self._core.max_depth(self, sids, sources)) is not None:
+            return out
         bits = _bits(sources & ~WINDOW) or [0]
         # the best chain's nodes may be backed by a recycled prediction only if the proposer has them
         opinions = (NO_OPINION, BACKED) if sources & RECYCLE else (NO_OPINION,)
@@ -361,6 +403,14 @@ class Planner:
     # ---- after proposing --------------------------------------------------------------------
     def select(self, sids: list[int], trees: list[StepTree]) -> list[list[int]]:
         """Per tree, the nodes to send (increasing, root first, closed under parents)."""
+        if self._core is not None:
+            pinned = [sorted(_closed(tree, tree.pinned)) if tree.pinned else [] for tree in trees]
+            done = self._core.select(self, sids, trees, pinned)
+            if done is not None:
+                chosen, expected = done
+                for sid, e in zip(sids, expected):
+                    self._log_expected(sid, e)
+                return chosen
         wrate = self.window_rate
         estimates = [node_estimates(tree, self.acceptance(sid)) for sid, tree in zip(sids, trees)]
         c = self.calibration
@@ -385,10 +435,10 @@ class Planner:
                 items.append(Item(-wrate / (len(nodes) * u), (1, g, 0), b, wrate, len(nodes), tuple(nodes)))
         items.sort(key=lambda it: (it.order_value, it.order, it.seq))
         tokens = [1 + len(p) for p in pinned]
-        gain = len(trees) + sum(probs[n] for p, probs in zip(pinned, all_probs) for n in p)
+        gain = len(trees) + _total(probs[n] for p, probs in zip(pinned, all_probs) for n in p)
         best, best_k = gain / self._time(tokens) * (1 + self.cfg.min_gain), 0
         taken = []
-        rest = sum(it.value for it in items)  # gain the items not yet looked at could still add
+        rest = _total(it.value for it in items)  # gain the items not yet looked at could still add
         max_tokens = self.cfg.max_tokens
         for it in items:
             b, value, add = it.seq, it.value, it.tokens
@@ -409,16 +459,31 @@ class Planner:
             keep[it.seq] += it.nodes
         chosen = [sorted(k) for k in keep]
         for sid, (probs, _), k in zip(sids, estimates, chosen):
-            expected = sum(probs[n] for n in k)  # the root's 1 included
-            self.log["expected_tokens"] += expected
-            self._sent_expect[sid] = expected - 1.0
+            self._log_expected(sid, _total(probs[n] for n in k))  # the root's 1 included
         return chosen
+
+    def _log_expected(self, sid: int, expected: float) -> None:
+        self.log["expected_tokens"] += expected
+        self._sent_expect[sid] = expected - 1.0
 
     # ---- after the step ---------------------------------------------------------------------
     def observe(self, sid: int, outcome: Outcome) -> None:
         """Learn from one sequence's step: trials for every sent candidate whose parent was
         accepted; window credit and cost."""
         tree, acc, on_path = outcome.tree, self.acceptance(sid), set(outcome.path)
+        if self._core is not None:
+            credit, columns = self._core.observe(self, acc, outcome)
+            self.window_credit += credit
+            self.window_columns += columns
+        else:
+            self._observe_ref(tree, acc, on_path, outcome)
+        acc.streak = outcome.accepted > 0
+        expected = self._sent_expect.pop(sid, 0.0)
+        if expected > 0:  # steps that sent drafts: what their estimates promised against what came
+            self._cal[0] = CAL_DECAY * self._cal[0] + expected
+            self._cal[1] = CAL_DECAY * self._cal[1] + outcome.accepted
+
+    def _observe_ref(self, tree: StepTree, acc: Acceptance, on_path: set[int], outcome: Outcome) -> None:
         for n in outcome.rows:
             if n == 0 or not tree.candidate[n] or tree.parents[n] not in on_path:
                 continue
@@ -428,11 +493,6 @@ class Planner:
                 self.window_credit += 1
         self.window_columns += len({tree.group[n] for n in outcome.rows if not tree.candidate[n]
                                     and tree.group[n] >= 0})
-        acc.streak = outcome.accepted > 0
-        expected = self._sent_expect.pop(sid, 0.0)
-        if expected > 0:  # steps that sent drafts: what their estimates promised against what came
-            self._cal[0] = CAL_DECAY * self._cal[0] + expected
-            self._cal[1] = CAL_DECAY * self._cal[1] + outcome.accepted
 
     def observe_time(self, step_tokens: list[int], wall_ms: float, new_tokens: int, model_ms: float = 0.0) -> None:
         """The whole step took ``wall_ms`` (propose to update) and gained ``new_tokens``;

@@ -1,0 +1,256 @@
+"""The compiled twin of a step's host work (``decoding/cpu/*.c``), beside the Python it speeds up.
+
+The step planner's per-step work (``decoding/cpu/planner.c``): ``Planner.max_depth``,
+``Planner.select`` and ``Planner.observe`` over acceptance estimates kept in dense arrays
+(``ArrayAcceptance``). The Python methods stay the readable reference; the compiled functions
+do their arithmetic in their order in doubles, so plans, selections and what is learnt are the
+same bit for bit (tests/test_compiled.py holds them equal on exact tables and random steps).
+
+Built on first use with the system C compiler like the CPU kernels (``kernels/cbuild.py``),
+with portable flags (no instruction-set extension: it builds wherever there is a C compiler,
+the GPU machine's included). Where it cannot build, the reference runs and one warning says
+why. ``use_compiled(False)`` (or ``SPECDEC_HOST=ref`` in the environment, read once) runs
+the reference, for comparison; ``path()`` says which runs, for the benchmark's header.
+"""
+
+import ctypes
+import math
+import os
+import subprocess
+import threading
+import warnings
+from array import array
+from pathlib import Path
+from typing import Optional
+
+from kernels import cbuild
+
+SOURCES = [Path(__file__).with_name("cpu") / "planner.c"]
+FLAGS = ["-O2", "-std=c11", "-ffp-contract=off", "-shared", "-fPIC"]
+LIBS = ["-lm"]
+
+_lock = threading.Lock()
+_state = {"lib": None, "tried": False, "reason": None, "on": os.environ.get("SPECDEC_HOST", "").lower() != "ref"}
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.planner_n_keys.restype = i
+    lib.planner_max_depth.argtypes = [p, p, p, i, i, ctypes.c_double, p]
+    lib.planner_max_depth.restype = i
+    lib.planner_select.argtypes = [p, p, p, i] + [p] * 8 + [ctypes.c_double, ctypes.c_double, p, p, p]
+    lib.planner_select.restype = i
+    lib.planner_observe.argtypes = [p, p, i] + [p] * 5 + [p, i, p, p, p]
+    lib.planner_observe.restype = i
+
+
+def _load() -> Optional[ctypes.CDLL]:
+    if _state["tried"]:
+        return _state["lib"]
+    with _lock:
+        if not _state["tried"]:
+            try:
+                path, _ = cbuild.build("decoding-host", SOURCES, [], FLAGS, LIBS)
+                lib = ctypes.CDLL(str(path))
+                _declare(lib)
+                if lib.planner_n_keys() != N_KEYS:
+                    raise RuntimeError(f"planner.c has {lib.planner_n_keys()} keys, compiled.py {N_KEYS}")
+                _state["lib"] = lib
+            except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+                _state["reason"] = f"could not build decoding/cpu/planner.c: {e}"
+                warnings.warn(f"{_state['reason']}; the step planner runs its Python reference", RuntimeWarning,
+                              stacklevel=3)
+            _state["tried"] = True
+    return _state["lib"]
+
+
+def available() -> bool:
+    """Whether the compiled host path is built (builds it on the first call)."""
+    return _load() is not None
+
+
+def use_compiled(on: bool) -> bool:
+    """Run the compiled host path where it is available (True) or the Python reference (False)
+    from now on; returns the previous setting. Objects made before keep the path they chose."""
+    before, _state["on"] = _state["on"], bool(on)
+    return before
+
+
+def enabled() -> bool:
+    """The compiled path is switched on and built."""
+    return _state["on"] and available()
+
+
+def path() -> str:
+    """Which host path new planners take: "compiled", or "reference (why)"."""
+    if not _state["on"]:
+        return "reference (switched to it)"
+    return "compiled" if available() else f"reference ({_state['reason']})"
+
+
+# ---- acceptance estimates in dense arrays --------------------------------------------------------
+# the key caps of decoding/planner.py, and the index planner.c's key_index computes
+MAX_DEPTH_KEY, MAX_RANK_KEY = 8, 3
+N_BIT_IDX = 10  # bit 0 and the 9 source bits of decoding/tree.py
+N_KEYS = N_BIT_IDX * (MAX_DEPTH_KEY + 1) * (MAX_RANK_KEY + 1) * 2 * 3
+
+
+def key_index(key) -> int:
+    """The array index of an ``AcceptKey`` (bit, depth, rank, streak, backed)."""
+    bit, depth, rank, streak, backed = key
+    return (((bit.bit_length() * (MAX_DEPTH_KEY + 1) + depth) * (MAX_RANK_KEY + 1) + rank) * 2 + int(streak)) * 3 \
+        + backed
+
+
+class PlanCfg(ctypes.Structure):
+    _fields_ = ([(n, ctypes.c_double) for n in ("prior", "prior_weight", "explore", "decay", "min_gain")]
+                + [(n, ctypes.c_int) for n in ("max_tokens", "max_step_tokens", "learn_overhead")]
+                + [(n, ctypes.c_double) for n in ("overhead_ms", "overhead_per_token", "mean_x")])
+
+
+class PlanCost(ctypes.Structure):
+    _fields_ = [("curve", ctypes.c_void_p), ("slope", ctypes.c_void_p), ("curve_len", ctypes.c_int),
+                ("slope_len", ctypes.c_int), ("per_seq_ms", ctypes.c_double), ("floor_ms", ctypes.c_double),
+                ("context", ctypes.c_int64), ("span", ctypes.c_int64), ("contexts", ctypes.c_void_p)]
+
+
+class PlanAcc(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_void_p) for n in ("hits", "trials", "shared_hits", "shared_trials")] + \
+        [("streak", ctypes.c_int)]
+
+
+def _ptr(a: array, offset: int = 0) -> int:
+    return a.buffer_info()[0] + offset * a.itemsize
+
+
+class PlannerCore:
+    """The compiled calls of one ``Planner`` whose cost is a ``models.cost.StepCost``: the
+    cost's curve and attention slope tabulated (by its own methods, so the values are the
+    reference's) and grown as steps need, and each step's trees flattened once for ``select``
+    and ``observe``."""
+
+    def __init__(self, lib: ctypes.CDLL, cost):
+        self.lib, self.cost = lib, cost
+        self.curve, self.slope = array("d"), array("d")
+        self.has_slope = cost.long_context > cost.context
+        self._flat: Optional[tuple] = None  # the last select's trees and their arrays
+
+    def _tables(self, total: int, per_seq: int) -> PlanCost:
+        cost = self.cost
+        while len(self.curve) <= total:
+            self.curve.append(cost.curve(len(self.curve)))
+        while self.has_slope and len(self.slope) <= per_seq:
+            self.slope.append(cost.attention_slope(len(self.slope)))
+        s = PlanCost(_ptr(self.curve), _ptr(self.slope) if self.has_slope else None, len(self.curve),
+                     len(self.slope), cost.per_seq_ms, 0.5 * cost.ms[0], cost.context,
+                     cost.long_context - cost.context if self.has_slope else 0, None)
+        return s
+
+    def _cfg(self, planner) -> PlanCfg:
+        c = planner.cfg
+        return PlanCfg(c.prior, c.prior_weight, c.explore, c.decay, c.min_gain, c.max_tokens,
+                       -1 if c.max_step_tokens is None else c.max_step_tokens, c.learn_overhead,
+                       planner.overhead_ms, planner.overhead_per_token, planner._mean_x)
+
+    def _contexts(self, planner, s: PlanCost, B: int):
+        ctx = planner.contexts
+        if ctx is not None and len(ctx) == B:
+            buf = array("q", ctx)
+            s.contexts = _ptr(buf)
+            return buf  # kept alive by the caller
+        return None
+
+    @staticmethod
+    def _accs(planner, sids: list[int]):
+        accs = (PlanAcc * max(1, len(sids)))()
+        sh = planner.shared
+        for a, sid in zip(accs, sids):
+            acc = planner.acceptance(sid)
+            a.hits, a.trials, a.streak = _ptr(acc.hits), _ptr(acc.trials), int(acc.streak)
+            a.shared_hits, a.shared_trials = _ptr(sh.hits), _ptr(sh.trials)
+        return accs
+
+    def max_depth(self, planner, sids: list[int], sources: int) -> Optional[list[int]]:
+        B = len(sids)
+        s = self._tables(B + planner.cfg.max_tokens, planner.cfg.max_tokens)
+        keep = self._contexts(planner, s, B)  # noqa: F841 (alive through the call)
+        out = array("i", bytes(4 * B))
+        rc = self.lib.planner_max_depth(ctypes.byref(self._cfg(planner)), ctypes.byref(s),
+                                        self._accs(planner, sids), B, sources, planner.calibration, _ptr(out))
+        if rc != 0:
+            return None
+        return out.tolist()
+
+    def flatten(self, trees: list) -> tuple:
+        parents, depths, sources, group, candidate = array("i"), array("i"), array("i"), array("i"), array("b")
+        offsets = array("i", [0])
+        for t in trees:
+            parents.extend(t.parents)
+            depths.extend(t.depths)
+            sources.extend(t.sources)
+            group.extend(t.group)
+            candidate.extend(t.candidate)
+            offsets.append(len(parents))
+        return trees, offsets, parents, depths, sources, group, candidate
+
+    def select(self, planner, sids: list[int], trees: list, pinned: list[list[int]]
+               ) -> Optional[tuple[list[list[int]], list[float]]]:
+        B = len(trees)
+        flat = self._flat = self.flatten(trees)
+        _, offsets, parents, depths, sources, group, candidate = flat
+        N = offsets[-1]
+        s = self._tables(N + B, max(planner.cfg.max_tokens, max(len(t) for t in trees)) + 1)
+        keep = self._contexts(planner, s, B)  # noqa: F841
+        pin = chance = None
+        if any(pinned):
+            pin = array("b", bytes(N))
+            for o, p in zip(offsets, pinned):
+                for n in p:
+                    pin[o + n] = 1
+        if any(t.chance for t in trees):
+            chance = array("d", [math.nan]) * N
+            for o, t in zip(offsets, trees):
+                for n, c in t.chance.items():
+                    chance[o + n] = c
+        kept, n_kept, expected = array("i", bytes(4 * N)), array("i", bytes(4 * B)), array("d", bytes(8 * B))
+        rc = self.lib.planner_select(ctypes.byref(self._cfg(planner)), ctypes.byref(s), self._accs(planner, sids), B,
+                                     _ptr(offsets), _ptr(parents), _ptr(depths), _ptr(sources), _ptr(group),
+                                     _ptr(candidate), None if pin is None else _ptr(pin),
+                                     None if chance is None else _ptr(chance), planner.calibration,
+                                     planner.window_rate, _ptr(kept), _ptr(n_kept), _ptr(expected))
+        if rc != 0:
+            return None
+        return [kept[o:o + n].tolist() for o, n in zip(offsets, n_kept)], expected.tolist()
+
+    def observe(self, planner, acc, outcome) -> tuple[int, int]:
+        tree = outcome.tree
+        flat = self._flat
+        b = next((i for i, t in enumerate(flat[0]) if t is tree), None) if flat is not None else None
+        if b is None:
+            flat, b = self.flatten([tree]), 0
+        _, offsets, parents, depths, sources, group, candidate = flat
+        o, n = offsets[b], offsets[b + 1] - offsets[b]
+        on_path = array("b", bytes(n))
+        for node in outcome.path:
+            on_path[node] = 1
+        rows = array("i", outcome.rows)
+        a = PlanAcc(_ptr(acc.hits), _ptr(acc.trials), _ptr(planner.shared.hits), _ptr(planner.shared.trials),
+                    int(acc.streak))
+        credit, columns = ctypes.c_int(), ctypes.c_int()
+        rc = self.lib.planner_observe(ctypes.byref(self._cfg(planner)), ctypes.byref(a), n, _ptr(parents, o),
+                                      _ptr(depths, o), _ptr(sources, o), _ptr(group, o), _ptr(candidate, o),
+                                      _ptr(rows), len(rows), _ptr(on_path), ctypes.byref(credit),
+                                      ctypes.byref(columns))
+        if rc != 0:
+            raise MemoryError("planner_observe could not allocate its buffers")
+        return credit.value, columns.value
+
+
+def planner_core(cost) -> Optional[PlannerCore]:
+    """The compiled calls for a planner with ``cost``, or None: the reference then runs (the
+    path is switched off or did not build, or the cost is not a tabulable ``StepCost``)."""
+    from models.cost import StepCost
+
+    if not isinstance(cost, StepCost) or not enabled():
+        return None
+    return PlannerCore(_state["lib"], cost)

@@ -1,0 +1,136 @@
+"""The compiled host path (decoding/compiled.py, decoding/cpu/*.c) against its Python reference:
+the same plans, selections and learnt estimates, bit for bit, on exact tables and random steps."""
+
+import random
+
+import pytest
+
+from decoding import compiled
+from decoding.planner import AcceptKey, Planner, PlannerConfig
+from decoding.proposer import Outcome
+from decoding.tree import DRAFT, HARVEST, PLD, POOL, RECYCLE, STORE, SUFFIX, WINDOW, StepTree
+from models.cost import StepCost
+
+pytestmark = pytest.mark.skipif(not compiled.available(), reason=f"not built: {compiled.path()}")
+
+# a measured CPU curve's shape, with the attention term of a longer context
+COST = StepCost(tokens=[1, 2, 4, 8, 16, 32, 64], ms=[20.0, 21.5, 22.0, 23.5, 31.0, 52.0, 101.0], per_seq_ms=0.7,
+                context=256, long_context=1024, long_tokens=[1, 4, 16, 64], long_ms=[21.0, 23.9, 36.5, 140.0])
+FLAT = StepCost(tokens=[1, 64], ms=[10.0, 10.0], per_seq_ms=0.0, context=256)
+STEEP = StepCost(tokens=[1, 2, 64], ms=[10.0, 30.0, 1270.0], per_seq_ms=0.0, context=256)
+SOURCES = (PLD, POOL, HARVEST, RECYCLE, SUFFIX, STORE, PLD | SUFFIX, RECYCLE | POOL, HARVEST | PLD)
+
+
+def pair(cost, cfg=None) -> tuple[Planner, Planner]:
+    """(reference, compiled) planners on the same cost."""
+    before = compiled.use_compiled(False)
+    try:
+        ref = Planner(cost, cfg)
+    finally:
+        compiled.use_compiled(True)
+    fast = Planner(cost, cfg)
+    compiled.use_compiled(before)
+    assert ref._core is None and fast._core is not None
+    return ref, fast
+
+
+def chain(n: int, source: int = PLD) -> StepTree:
+    t = StepTree.root(0)
+    t.add_chain(list(range(1, n + 1)), source)
+    return t
+
+
+def random_tree(rng: random.Random, draft: bool = False) -> StepTree:
+    t = StepTree.root(rng.randrange(50))
+    for _ in range(rng.randrange(0, 9)):
+        t.add_chain([rng.randrange(6) for _ in range(rng.randrange(1, 9))], rng.choice(SOURCES))
+    for g in range(rng.choice((0, 0, 2, 4))):  # lookahead window columns: private groups under the root
+        nodes = t.add_private_chain(0, [rng.randrange(50) for _ in range(3)], WINDOW, group=g)
+        t.extra_logits.update(nodes[:-1])
+    cands = [n for n in range(1, len(t)) if t.candidate[n]]
+    if draft and cands:
+        n = rng.choice(cands)
+        t.chance[n] = rng.random()
+        t.sources[n] = DRAFT
+        if rng.random() < 0.5:
+            t.pinned.add(n)
+    return t
+
+
+def outcome_of(rng: random.Random, tree: StepTree, keep: list[int]) -> Outcome:
+    """A step's outcome: a random accepted path through the kept candidates."""
+    kept, path = set(keep), [0]
+    while True:
+        kids = [c for c in tree.children[path[-1]].values() if c in kept]
+        if not kids or rng.random() < 0.3:
+            break
+        path.append(rng.choice(kids))
+    rows = {n: j for j, n in enumerate(n for n in keep if tree.candidate[n] or n in tree.extra_logits)}
+    return Outcome(tree=tree, path=path, new_tokens=[tree.tokens[n] for n in path[1:]] + [1], logits=None,
+                   rows=rows, sent=len(keep))
+
+
+def same_state(ref: Planner, fast: Planner, keys: set) -> None:
+    assert (ref.window_credit, ref.window_columns, ref._cal, ref.log) == \
+           (fast.window_credit, fast.window_columns, fast._cal, fast.log)
+    for sid, acc in ref.seq_acc.items():
+        other = fast.seq_acc[sid]
+        assert acc.streak == other.streak
+        for key in keys:
+            assert acc._rates(key) == other._rates(key), key
+
+
+def all_keys() -> set:
+    return {AcceptKey(1 << b, d, r, s, k) for b in range(9) for d in range(1, 9) for r in range(4)
+            for s in (False, True) for k in range(3)}
+
+
+def test_exact_tables():
+    """Known plans on a flat and a steep curve, both paths alike."""
+    fixed = PlannerConfig(prior=0.4, learn_overhead=False, explore=0.0, decay=1.0)
+    for cost, keep, depth in ((FLAT, list(range(7)), 8), (STEEP, [0], 0)):  # 0.4 ** 8 < 1e-3: no deeper
+        for plan in pair(cost, fixed):
+            assert plan.select([0], [chain(6)]) == [keep]
+            assert plan.max_depth([0], PLD) == [depth]
+    # the window's columns: taken whole, or not at all
+    t = chain(2)
+    t.add_private_chain(0, [7, 8], WINDOW, group=0)
+    for plan in pair(FLAT, PlannerConfig(prior=0.4, learn_overhead=False, explore=0.0, window_rate=0.3)):
+        assert plan.select([0], [t]) == [[0, 1, 2, 3, 4]]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_steps_plan_select_and_learn_the_same(seed):
+    rng = random.Random(seed)
+    cfg = PlannerConfig(learn_overhead=seed % 2 == 0, max_step_tokens=None if seed % 3 else 24,
+                        min_gain=0.05 * (seed % 2), calibrate=seed != 5)
+    ref, fast = pair(COST, cfg)
+    keys = all_keys()
+    for step in range(25):
+        B = rng.randrange(1, 5)
+        sids = rng.sample(range(6), B)
+        contexts = [rng.randrange(10, 2000) for _ in sids] if rng.random() < 0.7 else None
+        sources = rng.choice((PLD, PLD | POOL | HARVEST | WINDOW, PLD | RECYCLE | SUFFIX | POOL, 0))
+        assert ref.max_depth(sids, sources, contexts) == fast.max_depth(sids, sources, contexts)
+        trees = [random_tree(rng, draft=seed == 4) for _ in sids]
+        keep = ref.select(sids, trees)
+        assert fast.select(sids, trees) == keep
+        for sid, tree, k in zip(sids, trees, keep):
+            out = outcome_of(rng, tree, k)
+            ref.observe(sid, out)
+            fast.observe(sid, out)
+        wall = rng.uniform(15, 60)
+        for plan in (ref, fast):
+            plan.observe_time([len(k) for k in keep], wall, B + step % 3)
+        same_state(ref, fast, keys)
+
+
+def test_switch_and_path():
+    before = compiled.use_compiled(False)
+    try:
+        assert compiled.path().startswith("reference") and Planner(COST)._core is None
+        compiled.use_compiled(True)
+        assert compiled.path() == "compiled" and Planner(COST)._core is not None
+        assert Planner(lambda tokens, contexts=None: 10.0)._core is None  # a cost it cannot tabulate
+    finally:
+        compiled.use_compiled(before)
