@@ -202,6 +202,7 @@ def header(args, device_name: str, memory_kind: str) -> dict:
         "emulated step cost": "off" if getattr(args, "emulate_cost", None) is None else f"{args.emulate_cost}",
         "suffix store": ("shared by the run's prompts: each drafts from the finished outputs of those before it "
                          "(--shared-store)") if getattr(args, "shared_store", False) else "per batch (starts empty)",
+        "host path": _host_path(),
         "versions": f"python {platform.python_version()}, torch {torch.__version__}, triton {triton.__version__}, "
                     f"transformers {transformers.__version__}",
     }
@@ -211,6 +212,14 @@ def header(args, device_name: str, memory_kind: str) -> dict:
                                 f"hf-pld: prompt_lookup_num_tokens={k}, max_matching_ngram_size={n}"
                                 + (f"; hf-assisted: assistant_model={args.draft_model}" if args.draft_model else ""))
     return head
+
+
+def _host_path() -> str:
+    """Which path the steps' host work takes (decoding/compiled.py; SPECDEC_HOST=ref: the reference)."""
+    from decoding import compiled
+
+    where = compiled.path()
+    return where + (": the step planner in C (decoding/cpu/planner.c)" if where == "compiled" else "")
 
 
 def _turns(results: list[dict]) -> int:
