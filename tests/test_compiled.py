@@ -134,3 +134,26 @@ def test_switch_and_path():
         assert Planner(lambda tokens, contexts=None: 10.0)._core is None  # a cost it cannot tabulate
     finally:
         compiled.use_compiled(before)
+
+
+def test_host_step_replays_methods_on_both_paths_with_the_same_plans(smol, smol_prompts):
+    """bench/host_step.py: the oracle's replay returns ar's answers, and both host paths make
+    the same steps (the same tau) from them."""
+    from bench.host_step import DEFAULT_COST, answers_for, run_method
+    from models.cost import load_step_cost
+
+    model, _ = smol
+    prompts = smol_prompts[:2]
+    answers = answers_for(model, prompts, 12)
+    cost = load_step_cost(DEFAULT_COST)
+    before = compiled.use_compiled(True)
+    try:
+        for m in ("ar", "pld", "lookahead+pld", "hybrid"):
+            runs = []
+            for on in (True, False):
+                compiled.use_compiled(on)
+                runs.append(run_method(model, m, [prompts], answers, 12, cost, plan=True))
+            assert all(r["identical"] and r["steps"] > 0 for r in runs), m
+            assert runs[0]["tau"] == runs[1]["tau"], m
+    finally:
+        compiled.use_compiled(before)
