@@ -157,3 +157,14 @@ def test_host_step_replays_methods_on_both_paths_with_the_same_plans(smol, smol_
             assert runs[0]["tau"] == runs[1]["tau"], m
     finally:
         compiled.use_compiled(before)
+
+
+def test_without_a_compiler_the_reference_runs_with_one_warning(monkeypatch, tmp_path):
+    monkeypatch.setattr(compiled, "_state", {"lib": None, "tried": False, "reason": None, "on": True})
+    monkeypatch.setenv("SPECDEC_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "/bin/false")  # "compiles" nothing
+    with pytest.warns(RuntimeWarning, match="runs its Python reference"):
+        assert not compiled.available()
+    assert compiled.path().startswith("reference (could not build")
+    assert Planner(COST)._core is None and Planner(COST).select([0], [chain(3)])[0][0] == 0
+    assert list(tmp_path.iterdir()) == []  # no half-written library left behind
