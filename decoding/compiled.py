@@ -42,6 +42,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.planner_select.restype = i
     lib.planner_observe.argtypes = [p, p, i] + [p] * 5 + [p, i, p, p, p]
     lib.planner_observe.restype = i
+    lib.planner_observe_batch.argtypes = [p, p, i] + [p] * 6 + [p, p, p, p, p]
+    lib.planner_observe_batch.restype = i
 
 
 def _load() -> Optional[ctypes.CDLL]:
@@ -243,6 +245,30 @@ class PlannerCore:
                                       ctypes.byref(columns))
         if rc != 0:
             raise MemoryError("planner_observe could not allocate its buffers")
+        return credit.value, columns.value
+
+
+    def observe_all(self, planner, sids: list[int], outcomes: list) -> Optional[tuple[int, int]]:
+        """``observe`` of a whole step in one call, when its outcomes are of the trees the last
+        ``select`` flattened, in that order (None otherwise: observe them one by one)."""
+        flat = self._flat
+        if flat is None or len(flat[0]) != len(outcomes) or any(o.tree is not t for o, t in zip(outcomes, flat[0])):
+            return None
+        _, offsets, parents, depths, sources, group, candidate = flat
+        on_path, rows, row_offsets = array("b", bytes(offsets[-1])), array("i"), array("i", [0])
+        for o, out in zip(offsets, outcomes):
+            for node in out.path:
+                on_path[o + node] = 1
+            rows.extend(out.rows)
+            row_offsets.append(len(rows))
+        accs = self._accs(planner, sids)
+        credit, columns = ctypes.c_int(), ctypes.c_int()
+        rc = self.lib.planner_observe_batch(ctypes.byref(self._cfg(planner)), accs, len(sids), _ptr(offsets),
+                                            _ptr(parents), _ptr(depths), _ptr(sources), _ptr(group), _ptr(candidate),
+                                            _ptr(row_offsets), _ptr(rows) if rows else None, _ptr(on_path),
+                                            ctypes.byref(credit), ctypes.byref(columns))
+        if rc != 0:
+            raise MemoryError("planner_observe_batch could not allocate its buffers")
         return credit.value, columns.value
 
 

@@ -195,8 +195,8 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
         outcomes.append(Outcome(tree=tree, path=[k[n] for n in path], new_tokens=new, logits=lg,
                                 rows={k[n]: j for n, j in r.items()}, sent=len(t)).reduced(top1, topk))
         proposer.update(s.state, outcomes[-1])
-        if planner is not None:
-            planner.observe(s.state.sid, outcomes[-1])
+    if planner is not None:
+        planner.observe_all(sids, outcomes)
     mark("update")
     return outcomes
 

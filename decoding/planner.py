@@ -477,6 +477,23 @@ class Planner:
             self.window_columns += columns
         else:
             self._observe_ref(tree, acc, on_path, outcome)
+        self._learn_step(sid, acc, outcome)
+
+    def observe_all(self, sids: list[int], outcomes: list[Outcome]) -> None:
+        """``observe`` for every sequence of a step, in one compiled call where the outcomes are
+        of the trees the last ``select`` saw."""
+        done = self._core.observe_all(self, sids, outcomes) if self._core is not None else None
+        if done is None:
+            for sid, outcome in zip(sids, outcomes):
+                self.observe(sid, outcome)
+            return
+        self.window_credit += done[0]
+        self.window_columns += done[1]
+        for sid, outcome in zip(sids, outcomes):
+            self._learn_step(sid, self.acceptance(sid), outcome)
+
+    def _learn_step(self, sid: int, acc: Acceptance, outcome: Outcome) -> None:
+        """After a sequence's trials: its streak and the calibration of what its step promised."""
         acc.streak = outcome.accepted > 0
         expected = self._sent_expect.pop(sid, 0.0)
         if expected > 0:  # steps that sent drafts: what their estimates promised against what came

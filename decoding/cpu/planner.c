@@ -422,3 +422,23 @@ int planner_observe(const plan_cfg *c, plan_acc *a, int n, const int32_t *parent
     free(groups);
     return 0;
 }
+
+/* planner_observe for the B sequences of a step, whose trees select flattened (offsets):
+ * rows of sequence b at rows + row_offsets[b], its on_path flags at on_path + offsets[b].
+ * Sums the credits and columns of all. 0, or -1 out of memory. */
+int planner_observe_batch(const plan_cfg *c, plan_acc *accs, int B, const int32_t *offsets, const int32_t *parents,
+                          const int32_t *depths, const int32_t *sources, const int32_t *group,
+                          const uint8_t *candidate, const int32_t *row_offsets, const int32_t *rows,
+                          const uint8_t *on_path, int *credit, int *columns) {
+    *credit = *columns = 0;
+    for (int b = 0; b < B; b++) {
+        const int o = offsets[b], r = row_offsets[b];
+        int cr, co;
+        if (planner_observe(c, accs + b, offsets[b + 1] - o, parents + o, depths + o, sources + o, group + o,
+                            candidate + o, rows + r, row_offsets[b + 1] - r, on_path + o, &cr, &co) != 0)
+            return -1;
+        *credit += cr;
+        *columns += co;
+    }
+    return 0;
+}
