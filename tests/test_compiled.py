@@ -103,7 +103,7 @@ def test_exact_tables():
 def test_random_steps_plan_select_and_learn_the_same(seed):
     rng = random.Random(seed)
     cfg = PlannerConfig(learn_overhead=seed % 2 == 0, max_step_tokens=None if seed % 3 else 24,
-                        min_gain=0.05 * (seed % 2), calibrate=seed != 5)
+                        min_gain=0.05 * (seed % 2), calibrate=seed != 5, window_rate=(0.15, 0.9)[seed % 2])
     ref, fast = pair(COST, cfg)
     keys = all_keys()
     for step in range(25):
