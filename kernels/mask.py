@@ -1,5 +1,7 @@
 """Packing of per-step visibility masks into int32 bit words (layout: see kernels/__init__)."""
 
+import sys
+
 import torch
 
 BITS = 32
@@ -38,6 +40,21 @@ def tree_mask_words(parents: list[int], n_words: int) -> list[list[int]]:
         words = [(bits >> (BITS * w)) & 0xFFFFFFFF for w in range(n_words)]
         out.append([v - (1 << 32) if v >= 1 << 31 else v for v in words])  # two's complement int32
     return out
+
+
+def tree_mask_bytes(parents: list[int], n_words: int) -> bytes:
+    """``tree_mask_words`` as the bytes of its (T, n_words) int32 values in the host's byte
+    order: one ``to_bytes`` per row instead of a word at a time."""
+    if n_words * BITS < len(parents):
+        raise ValueError(f"n_words must hold a bit per row: {len(parents)} rows need >= {-(-len(parents) // BITS)}, "
+                         f"got {n_words}")
+    rows = []
+    for i, p in enumerate(parents):
+        if not -1 <= p < i:
+            raise ValueError(f"parents[{i}] must be -1 (a root) or an earlier row (0 <= p < {i}), got {p}")
+        rows.append((rows[p] if p >= 0 else 0) | (1 << i))
+    size = 4 * n_words
+    return b"".join(bits.to_bytes(size, sys.byteorder) for bits in rows)
 
 
 def unpack_mask(words: torch.Tensor, size: int) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch
 
 from kernels import skinny
 from kernels.backend import StepMeta
-from kernels.mask import pack_mask, tree_mask_words
+from kernels.mask import pack_mask, tree_mask_bytes
 from kernels.rows import argmax_rows, argmax_topk_rows
 from models.kv_cache import PagedKVCache
 from models.llama import Transformer
@@ -321,17 +321,15 @@ class ModelRunner:
         mask_words = n_words = None
         if any(tree):
             n_words = -(-max(len(inp.tokens) for inp, t in zip(inputs, tree) if t) // 32)
-            mask_words = []
+            mask_words = bytearray()  # (rows, n_words) int32 in the host's byte order
             for inp in inputs:
                 if inp.parents is not None:
-                    for row in tree_mask_words(inp.parents, n_words):
-                        mask_words += row
+                    mask_words += tree_mask_bytes(inp.parents, n_words)
                 elif inp.mask is not None:
                     words = pack_mask(inp.mask.cpu())
-                    words = torch.nn.functional.pad(words, (0, n_words - words.shape[1]))
-                    mask_words += words.flatten().tolist()
+                    mask_words += torch.nn.functional.pad(words, (0, n_words - words.shape[1])).numpy().tobytes()
                 else:
-                    mask_words += [0] * (len(inp.tokens) * n_words)
+                    mask_words += bytes(4 * len(inp.tokens) * n_words)
         idx_list = None if len(logits_idx) == cu[-1] else logits_idx
         # The step's integers go to the device in two copies (one per dtype), each piece a view
         # of them: on a GPU every copy is a host round trip of its own (8 of them per step before).
@@ -382,15 +380,20 @@ class ModelRunner:
             cache.commit(s, len(rows))
 
 
-def _packed(buf: array, parts: list[list[int]], align: int, dtype: torch.dtype, device) -> list[torch.Tensor]:
-    """``parts`` (lists of ints) copied to ``device`` as one tensor of ``dtype`` (``buf``: an empty
-    array of its type code), each starting at a multiple of ``align`` elements; returns the
-    parts' views of it."""
-    starts = []
+def _packed(buf: array, parts: list, align: int, dtype: torch.dtype, device) -> list[torch.Tensor]:
+    """``parts`` (lists of ints, or the bytes of ``buf``'s type) copied to ``device`` as one
+    tensor of ``dtype`` (``buf``: an empty array of its type code), each starting at a multiple
+    of ``align`` elements; returns the parts' views of it."""
+    sizes = []
     for p in parts:
-        starts.append(len(buf))
-        buf.extend(p)
-        buf.extend([0] * (-len(buf) % align))
+        n = len(buf)
+        if isinstance(p, (bytes, bytearray)):
+            buf.frombytes(p)
+        else:
+            buf.extend(p)
+        pad = -len(buf) % align
+        buf.extend(bytes(pad))
+        sizes += [len(buf) - pad - n, pad]
     # the tensor shares buf's memory and holds a reference to it (on the CPU, .to is a no-op)
     dev = (torch.frombuffer(buf, dtype=dtype) if len(buf) else torch.empty(0, dtype=dtype)).to(device)
-    return [dev[a:a + len(p)] for p, a in zip(parts, starts)]
+    return list(dev.split(sizes)[::2])

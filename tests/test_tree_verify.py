@@ -29,7 +29,7 @@ def test_trie_merges_chains_and_masks_ancestors():
 
 def test_tree_mask_words_pack_the_tree_mask():
     """Random trees of 1 to 100 nodes (up to four words; rows past 31 set the sign bit)."""
-    from kernels.mask import pack_mask, tree_mask_words
+    from kernels.mask import pack_mask, tree_mask_bytes, tree_mask_words
     g = torch.Generator().manual_seed(0)
     for T in (1, 2, 31, 32, 33, 64, 65, 100):
         parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, T)]
@@ -38,10 +38,13 @@ def test_tree_mask_words_pack_the_tree_mask():
         for n_words in (want.shape[1], want.shape[1] + 1):  # padded to a wider batch's words
             got = torch.tensor(tree_mask_words(parents, n_words), dtype=torch.int32)
             assert torch.equal(got[:, :want.shape[1]], want) and not got[:, want.shape[1]:].any()
-    with pytest.raises(ValueError, match="n_words"):
-        tree_mask_words([-1] + list(range(32)), 1)  # 33 rows do not fit one word
-    with pytest.raises(ValueError, match=r"parents\[2\]"):
-        tree_mask_words([-1, 0, 2], 1)  # a row cannot be its own parent
+            raw = torch.frombuffer(bytearray(tree_mask_bytes(parents, n_words)), dtype=torch.int32)
+            assert torch.equal(raw.view(T, n_words), got)  # the same words as bytes
+    for pack in (tree_mask_words, tree_mask_bytes):
+        with pytest.raises(ValueError, match="n_words"):
+            pack([-1] + list(range(32)), 1)  # 33 rows do not fit one word
+        with pytest.raises(ValueError, match=r"parents\[2\]"):
+            pack([-1, 0, 2], 1)  # a row cannot be its own parent
 
 
 def test_trie_node_budget_and_private_nodes():
