@@ -136,46 +136,61 @@ class PlannerCore:
         self.curve, self.slope = array("d"), array("d")
         self.has_slope = cost.long_context > cost.context
         self._flat: Optional[tuple] = None  # the last select's trees and their arrays
+        # the call's structures, kept between steps (a step changes a few of their fields)
+        self._cost_args = PlanCost(None, None, 0, 0, cost.per_seq_ms, 0.5 * cost.ms[0], cost.context,
+                                   cost.long_context - cost.context if self.has_slope else 0, None)
+        self._cfg_args: Optional[PlanCfg] = None
+        self._accs_of: dict[tuple, ctypes.Array] = {}
 
-    def _tables(self, total: int, per_seq: int) -> PlanCost:
-        cost = self.cost
-        while len(self.curve) <= total:
-            self.curve.append(cost.curve(len(self.curve)))
-        while self.has_slope and len(self.slope) <= per_seq:
-            self.slope.append(cost.attention_slope(len(self.slope)))
-        s = PlanCost(_ptr(self.curve), _ptr(self.slope) if self.has_slope else None, len(self.curve),
-                     len(self.slope), cost.per_seq_ms, 0.5 * cost.ms[0], cost.context,
-                     cost.long_context - cost.context if self.has_slope else 0, None)
-        return s
-
-    def _cfg(self, planner) -> PlanCfg:
-        c = planner.cfg
-        return PlanCfg(c.prior, c.prior_weight, c.explore, c.decay, c.min_gain, c.max_tokens,
-                       -1 if c.max_step_tokens is None else c.max_step_tokens, c.learn_overhead,
-                       planner.overhead_ms, planner.overhead_per_token, planner._mean_x)
-
-    def _contexts(self, planner, s: PlanCost, B: int):
-        ctx = planner.contexts
+    def _tables(self, total: int, per_seq: int, planner, B: int) -> tuple[PlanCost, Optional[array]]:
+        """The cost's tables holding ``total`` step tokens and ``per_seq`` for one sequence,
+        with the batch's committed lengths when the planner has them (the array, returned, must
+        outlive the call)."""
+        cost, s = self.cost, self._cost_args
+        if len(self.curve) <= total or (self.has_slope and len(self.slope) <= per_seq):
+            while len(self.curve) <= total:
+                self.curve.append(cost.curve(len(self.curve)))
+            while self.has_slope and len(self.slope) <= per_seq:
+                self.slope.append(cost.attention_slope(len(self.slope)))
+            s.curve, s.curve_len = _ptr(self.curve), len(self.curve)
+            s.slope, s.slope_len = (_ptr(self.slope) if self.has_slope else None), len(self.slope)
+        ctx, buf = planner.contexts, None
         if ctx is not None and len(ctx) == B:
             buf = array("q", ctx)
             s.contexts = _ptr(buf)
-            return buf  # kept alive by the caller
-        return None
+        else:
+            s.contexts = None
+        return s, buf
 
-    @staticmethod
-    def _accs(planner, sids: list[int]):
-        accs = (PlanAcc * max(1, len(sids)))()
-        sh = planner.shared
+    def _cfg(self, planner) -> PlanCfg:
+        c = self._cfg_args
+        if c is None:
+            k = planner.cfg
+            c = self._cfg_args = PlanCfg(k.prior, k.prior_weight, k.explore, k.decay, k.min_gain, k.max_tokens,
+                                         -1 if k.max_step_tokens is None else k.max_step_tokens, k.learn_overhead)
+        c.overhead_ms, c.overhead_per_token, c.mean_x = planner.overhead_ms, planner.overhead_per_token, \
+            planner._mean_x
+        return c
+
+    def _accs(self, planner, sids: list[int]):
+        key = tuple(sids)
+        accs = self._accs_of.get(key)
+        if accs is None:
+            if len(self._accs_of) > 64:  # batches shrink as sequences finish: a few shapes per call
+                self._accs_of.clear()
+            accs = self._accs_of[key] = (PlanAcc * max(1, len(sids)))()
+            sh = planner.shared
+            for a, sid in zip(accs, sids):
+                acc = planner.acceptance(sid)
+                a.hits, a.trials = _ptr(acc.hits), _ptr(acc.trials)
+                a.shared_hits, a.shared_trials = _ptr(sh.hits), _ptr(sh.trials)
         for a, sid in zip(accs, sids):
-            acc = planner.acceptance(sid)
-            a.hits, a.trials, a.streak = _ptr(acc.hits), _ptr(acc.trials), int(acc.streak)
-            a.shared_hits, a.shared_trials = _ptr(sh.hits), _ptr(sh.trials)
+            a.streak = planner.acceptance(sid).streak
         return accs
 
     def max_depth(self, planner, sids: list[int], sources: int) -> Optional[list[int]]:
         B = len(sids)
-        s = self._tables(B + planner.cfg.max_tokens, planner.cfg.max_tokens)
-        keep = self._contexts(planner, s, B)  # noqa: F841 (alive through the call)
+        s, alive = self._tables(B + planner.cfg.max_tokens, planner.cfg.max_tokens, planner, B)  # noqa: F841
         out = array("i", bytes(4 * B))
         rc = self.lib.planner_max_depth(ctypes.byref(self._cfg(planner)), ctypes.byref(s),
                                         self._accs(planner, sids), B, sources, planner.calibration, _ptr(out))
@@ -201,8 +216,8 @@ class PlannerCore:
         flat = self._flat = self.flatten(trees)
         _, offsets, parents, depths, sources, group, candidate = flat
         N = offsets[-1]
-        s = self._tables(N + B, max(planner.cfg.max_tokens, max(len(t) for t in trees)) + 1)
-        keep = self._contexts(planner, s, B)  # noqa: F841
+        s, alive = self._tables(N + B, max(planner.cfg.max_tokens, max(len(t) for t in trees)) + 1,  # noqa: F841
+                                planner, B)
         pin = chance = None
         if any(pinned):
             pin = array("b", bytes(N))
@@ -237,7 +252,7 @@ class PlannerCore:
             on_path[node] = 1
         rows = array("i", outcome.rows)
         a = PlanAcc(_ptr(acc.hits), _ptr(acc.trials), _ptr(planner.shared.hits), _ptr(planner.shared.trials),
-                    int(acc.streak))
+                    acc.streak)
         credit, columns = ctypes.c_int(), ctypes.c_int()
         rc = self.lib.planner_observe(ctypes.byref(self._cfg(planner)), ctypes.byref(a), n, _ptr(parents, o),
                                       _ptr(depths, o), _ptr(sources, o), _ptr(group, o), _ptr(candidate, o),
