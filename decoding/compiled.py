@@ -10,12 +10,12 @@ Built on first use with the system C compiler like the CPU kernels (``kernels/cb
 with portable flags (no instruction-set extension: it builds wherever there is a C compiler,
 the GPU machine's included). Where it cannot build, the reference runs and one warning says
 why. ``use_compiled(False)`` (or ``SPECDEC_HOST=ref`` in the environment, read once) runs
-the reference, for comparison; ``path()`` says which runs, for the benchmark's header.
+the reference, for comparison (the same switch as the step's packing, models/packing.py);
+``path()`` says which runs, for the benchmark's header.
 """
 
 import ctypes
 import math
-import os
 import subprocess
 import threading
 import warnings
@@ -30,7 +30,7 @@ FLAGS = ["-O2", "-std=c11", "-ffp-contract=off", "-shared", "-fPIC"]
 LIBS = ["-lm"]
 
 _lock = threading.Lock()
-_state = {"lib": None, "tried": False, "reason": None, "on": os.environ.get("SPECDEC_HOST", "").lower() != "ref"}
+_state = {"lib": None, "tried": False, "reason": None}
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -74,18 +74,17 @@ def available() -> bool:
 def use_compiled(on: bool) -> bool:
     """Run the compiled host path where it is available (True) or the Python reference (False)
     from now on; returns the previous setting. Objects made before keep the path they chose."""
-    before, _state["on"] = _state["on"], bool(on)
-    return before
+    return cbuild.set_host_compiled(on)
 
 
 def enabled() -> bool:
     """The compiled path is switched on and built."""
-    return _state["on"] and available()
+    return cbuild.host_compiled() and available()
 
 
 def path() -> str:
     """Which host path new planners take: "compiled", or "reference (why)"."""
-    if not _state["on"]:
+    if not cbuild.host_compiled():
         return "reference (switched to it)"
     return "compiled" if available() else f"reference ({_state['reason']})"
 

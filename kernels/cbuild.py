@@ -12,6 +12,22 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+# whether the host work that has a compiled twin (the step planner: decoding/compiled.py; the
+# step's packing: models/packing.py) runs it where it builds (True) or its Python reference;
+# SPECDEC_HOST=ref in the environment starts with the reference
+_host = {"compiled": os.environ.get("SPECDEC_HOST", "").strip().lower() != "ref"}
+
+
+def host_compiled() -> bool:
+    """The switch between the compiled host path and its Python reference (see ``_host``)."""
+    return _host["compiled"]
+
+
+def set_host_compiled(on: bool) -> bool:
+    """Set the switch; returns the previous setting."""
+    before, _host["compiled"] = _host["compiled"], bool(on)
+    return before
+
 
 def cache_dir() -> Path:
     env = os.environ.get("SPECDEC_KERNEL_CACHE")

@@ -16,6 +16,7 @@ from kernels import skinny
 from kernels.backend import StepMeta
 from kernels.mask import pack_mask, tree_mask_bytes
 from kernels.rows import argmax_rows, argmax_topk_rows
+from models import packing
 from models.kv_cache import PagedKVCache
 from models.llama import Transformer
 
@@ -296,6 +297,15 @@ class ModelRunner:
             cache.check(inp.seq_id)
         if len({inp.seq_id for inp in inputs}) != len(inputs):
             raise ValueError("a sequence may appear only once in a step")
+        if packing.enabled():  # the compiled twin (models/packing.py); None: the reference below takes it
+            packed = packing.pack(cache, inputs, self.cfg.vocab_size, self.max_context, self.device)
+            if packed is not None:
+                return packed
+        return self._prepare_ref(inputs)
+
+    def _prepare_ref(self, inputs: list[StepInput]) -> tuple[torch.Tensor, StepMeta, Optional[torch.Tensor]]:
+        """``prepare`` in Python after its first checks: the reference of models/packing.py."""
+        cache = self.cache
         all_depths = [self._validate(inp) for inp in inputs]
         cache.reserve({inp.seq_id: len(inp.tokens) for inp in inputs})  # all or nothing
 

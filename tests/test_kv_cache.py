@@ -168,7 +168,17 @@ def _prepare_ref(runner, inputs):
                 idx=None if len(idx) == cu[-1] else torch.tensor(idx), max_q=max(len(i.tokens) for i in inputs))
 
 
-def test_prepare_packs_every_field_as_the_plain_reference():
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "reference"])
+def test_prepare_packs_every_field_as_the_plain_reference(compiled, monkeypatch):
+    """Both packings (models/packing.py's C twin and ModelRunner._prepare_ref) against a plain
+    construction of every field."""
+    from kernels import cbuild
+    from models import packing
+
+    monkeypatch.setattr(cbuild, "_host", {"compiled": compiled})
+    assert packing.enabled() == (compiled and packing._load() is not None)
+    if compiled and not packing.enabled():
+        pytest.skip(f"the compiled packing did not build: {packing._state['reason']}")
     runner = ours_from_hf(tiny_hf_model("llama"), cache_tokens=512, block_size=4)
     gen = torch.Generator().manual_seed(0)
     for s, n in ((0, 7), (1, 1), (2, 13), (3, 40)):
@@ -183,6 +193,9 @@ def test_prepare_packs_every_field_as_the_plain_reference():
          StepInput(3, list(range(1, 36)), depths=list(range(35)), parents=[-1] + list(range(34)))],  # 2 mask words
         [StepInput(2, [5] * 5, depths=[0, 1, 2, 1, 2], mask=mask), StepInput(0, [6, 7]),
          StepInput(3, [8], logits_rows=[])],  # an explicit mask beside causal rows
+        [StepInput(0, [1, 2, 3], parents=[-1, 0, 0], logits_rows=[2, 0]), StepInput(2, [4, 5]),
+         StepInput(1, [6], logits_rows=[0])],  # a tree beside a chain, rows out of order
+        [StepInput(3, list(range(1, 70)), parents=[-1] + [i // 2 for i in range(68)])],  # 3 mask words
     ]
     for step in steps:
         tokens, meta, idx = runner.prepare(step)
@@ -196,3 +209,11 @@ def test_prepare_packs_every_field_as_the_plain_reference():
         for t in (tokens, meta.positions, meta.slot_mapping, meta.cu_seqlens_q, meta.context_lens, meta.block_tables,
                   meta.mask, idx):
             assert t is None or t.data_ptr() % 16 == 0  # each piece aligned as a tensor of its own
+    # bad input: the reference's message, and nothing reserved
+    free = len(runner.cache.free_blocks)
+    for step, match in (([StepInput(0, [3, 99999])], "token ids"), ([StepInput(0, [3, 4], parents=[-1, 1])], "parents"),
+                        ([StepInput(0, [3], depths=[-1])], "positions"), ([StepInput(0, [])], "at least one"),
+                        ([StepInput(0, [1] * 40, depths=list(range(500, 540)))], "context")):
+        with pytest.raises(ValueError, match=match):
+            runner.prepare(step)
+        assert len(runner.cache.free_blocks) == free
