@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report import _fmt, phase_summary, summarize, vllm_section  # noqa: E402
+from bench.report import _fmt, llamacpp_section, phase_summary, summarize, vllm_section  # noqa: E402
 
 OUT = ROOT / "bench" / "RESULTS.md"
 
@@ -131,7 +131,7 @@ RUNS = [
 ]
 HEADER_KEYS = ("date", "command", "device", "dtype", "kernel", "versions", "max_new_tokens", "batch_size",
                "sampling", "repeats", "step planner", "suffix store", "cuda graphs", "step cost", "model loads", "vllm",
-               "vllm loads")
+               "vllm loads", "llamacpp", "llamacpp loads", "llamacpp bench")
 
 
 def load(rel: str) -> dict:
@@ -192,7 +192,8 @@ def run_section(rel: str, note: str) -> list[str]:
                           ("speedup", "Speedup over `ar`, whole turn (prefill included)")):
         lines += [f"{title}:", ""] + _table(s, methods, cols, lambda x, k=metric: _fmt(None if x is None else x[k]))
     lines += ["Share of greedy outputs identical to `ar`:", ""] + _table(s, methods, cols, _identical)
-    return lines + phase_lines(records, methods) + vllm_section(records, methods)  # each empty without its records
+    # each empty without its records
+    return lines + phase_lines(records, methods) + vllm_section(records, methods) + llamacpp_section(records, methods)
 
 
 def phase_lines(records: list[dict], methods: list[str]) -> list[str]:
