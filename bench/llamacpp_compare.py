@@ -43,12 +43,27 @@ DEFAULT_DIR = REPO / ".llamacpp"
 PLAIN = "llamacpp"
 # llama-server's draft-free speculation, those this build offers run (llama-server --help)
 SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod")
+# the two whose lookup and draft lengths are knobs also run with --pld's N and K: llama.cpp's defaults
+# (a 12-token lookup, 48-token drafts) rarely match in a short answer
+SIZED = {"ngram-simple": "--spec-ngram-simple", "ngram-map-k": "--spec-ngram-map-k"}
 READY_S = 120.0  # a 135M-7B GGUF loads in seconds; a server not ready by then is reported with its log
 REQUEST_S = 900.0
 
 
-def method_name(spec_type: Optional[str]) -> str:
-    return PLAIN if spec_type is None else f"{PLAIN}-{spec_type}"
+def methods(offered: list[str], pld: tuple[int, int]) -> dict[str, tuple[str, ...]]:
+    """llama.cpp's methods, name -> llama-server flags: plain, then each n-gram type the build
+    offers with llama.cpp's defaults and, where sized, with lookup length N and draft length K
+    (``--pld N,K``, as our pld: ``llamacpp-ngram-simple-n3k10``)."""
+    out: dict[str, tuple[str, ...]] = {PLAIN: ()}
+    n, k = pld
+    for t in SPEC_TYPES:
+        if t not in offered:
+            continue
+        out[f"{PLAIN}-{t}"] = ("--spec-type", t)
+        if t in SIZED:
+            sized = (f"{SIZED[t]}-size-n", str(n), f"{SIZED[t]}-size-m", str(k))
+            out[f"{PLAIN}-{t}-n{n}k{k}"] = ("--spec-type", t, *sized)
+    return out
 
 
 def binary(name: str, folder: Optional[Path] = None) -> Path:
@@ -105,12 +120,12 @@ class Server:
     enter (waits, at most ``ready_s``, for its /health), terminated on exit whatever happened.
     Errors raise RuntimeError with the end of the server's log."""
 
-    def __init__(self, exe: Path, model: Path, threads: int, ctx: int, spec_type: Optional[str] = None,
-                 ready_s: float = READY_S, request_s: float = REQUEST_S, extra: tuple[str, ...] = ()):
+    def __init__(self, exe: Path, model: Path, threads: int, ctx: int, flags: tuple[str, ...] = (),
+                 ready_s: float = READY_S, request_s: float = REQUEST_S):
         self.port = free_port()
         self.cmd = [str(exe), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
                     "--threads", str(threads), "--threads-batch", str(threads), "--parallel", "1",
-                    "--ctx-size", str(ctx), *(("--spec-type", spec_type) if spec_type else ()), *extra]
+                    "--ctx-size", str(ctx), *flags]
         self.ready_s, self.request_s = ready_s, request_s
         self.proc: Optional[subprocess.Popen] = None
         self.load_s = float("nan")
@@ -186,11 +201,11 @@ class Server:
         Path(self._log.name).unlink(missing_ok=True)
 
 
-def run_method(spec_type: Optional[str], prompts: list[list[int]], max_new_tokens: int, threads: int, *,
+def run_method(flags: tuple[str, ...], prompts: list[list[int]], max_new_tokens: int, threads: int, *,
                model: Path, exe: Path) -> dict:
-    """One llama.cpp method on the prompts, one server: ``{"load": {...}, "responses": [...]}``;
-    an untimed warm-up request first (the shortest prompt, 4 tokens)."""
-    with Server(exe, model, threads, context_size(prompts, max_new_tokens), spec_type) as server:
+    """One llama.cpp method (its llama-server ``flags``) on the prompts, one server: ``{"load":
+    {...}, "responses": [...]}``; an untimed warm-up request first (the shortest prompt, 4 tokens)."""
+    with Server(exe, model, threads, context_size(prompts, max_new_tokens), flags) as server:
         server.complete(min(prompts, key=len), 4)
         responses = [server.complete(p, max_new_tokens) for p in prompts]
         peak = server.peak_rss_mib()
@@ -291,11 +306,10 @@ def compare(bench, records: list[dict], results: list[dict], head: dict) -> list
     spec = [s for s in SPEC_TYPES if s in offered]
     out, loads, failed = [], {}, []
     plain: dict[str, list[int]] = {}
-    for spec_type in [None] + spec:
-        method = method_name(spec_type)
+    for method, flags in methods(offered, args.pld_nk).items():
         print(f"llama.cpp: {method} on {len(prompts)} prompts ({threads} threads)", flush=True)
         try:
-            got = run_method(spec_type, prompts, args.max_new_tokens, threads, model=model, exe=exe)
+            got = run_method(flags, prompts, args.max_new_tokens, threads, model=model, exe=exe)
             recs = [record(r, p, g, method, plain.get(r["conversation"]))
                     for r, p, g in zip(firsts, prompts, got["responses"])]
         except (RuntimeError, ValueError, KeyError) as e:
@@ -304,7 +318,7 @@ def compare(bench, records: list[dict], results: list[dict], head: dict) -> list
             continue
         loads[method] = got["load"]
         for r in recs:
-            if spec_type is None:
+            if method == PLAIN:
                 plain[r["conversation"]] = r["output_ids"]
                 r["identical_to_llamacpp"] = True
             r["text"] = bench.text(r["output_ids"])  # decoded as ours are (the server's text keeps no final EOS)
@@ -312,8 +326,10 @@ def compare(bench, records: list[dict], results: list[dict], head: dict) -> list
     head["llamacpp"] = (f"{version(exe)}; llama-server, {threads} threads (generation and batch), one slot, no "
                         f"prompt cache, {model.name} as stored; {len(prompts)} first turns, one prompt at a time, each "
                         f"method in its own server (bench/llamacpp_compare.py); speculation: --spec-type "
-                        f"{', '.join(spec) or '(none offered)'} with llama.cpp's defaults (ngram-mod keeps its n-gram "
-                        f"pool across requests); times: the server's timings; run once (no repeats)"
+                        f"{', '.join(spec) or '(none offered)'} with llama.cpp's defaults, and "
+                        f"{' and '.join(t for t in spec if t in SIZED) or '-'} with lookup {args.pld_nk[0]} and draft "
+                        f"{args.pld_nk[1]} tokens (-n{args.pld_nk[0]}k{args.pld_nk[1]}, --pld's); ngram-mod keeps its "
+                        f"n-gram pool across requests; times: the server's timings; run once (no repeats)"
                         + (f"; failed: {'; '.join(failed)}" if failed else ""))
     head["llamacpp loads"] = "; ".join(f"{m} {x['s']:.1f} s, peak {x['peak_mem_mib']} MiB" for m, x in loads.items())
     head["llamacpp_loads"] = loads

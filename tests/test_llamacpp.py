@@ -40,13 +40,21 @@ def model():
     return default_model_path()
 
 
-def run(spec_type, prompts, model):
-    return lc.run_method(spec_type, prompts, NEW_TOKENS, 2, model=model, exe=SERVER)
+def run(flags, prompts, model):
+    return lc.run_method(flags, prompts, NEW_TOKENS, 2, model=model, exe=SERVER)
 
 
 @pytest.fixture(scope="module")
 def plain(prompts, model):
-    return run(None, prompts, model)
+    return run((), prompts, model)
+
+
+@pytest.fixture(scope="module")
+def offered():
+    import subprocess
+
+    return lc.methods(lc.spec_types_offered(subprocess.run([str(SERVER), "--help"], capture_output=True, text=True,
+                                                           timeout=60).stdout), (3, 10))
 
 
 def test_plain_answers_our_token_ids_with_its_timings(prompts, plain):
@@ -62,18 +70,19 @@ def test_plain_answers_our_token_ids_with_its_timings(prompts, plain):
         assert r["forwards"] == len(g["tokens"]) - 1 and r["decode_tok_s"] > 0
 
 
-@pytest.mark.parametrize("spec_type", lc.SPEC_TYPES)
-def test_ngram_speculation_against_its_own_plain(spec_type, prompts, model, plain):
-    """Greedy speculation should give llama.cpp plain's tokens; a verification batch may round
-    differently from one-token steps, so a differing prompt is allowed where both agree up to a
-    point and the copy prompt drafts."""
-    import subprocess
-
-    if spec_type not in lc.spec_types_offered(subprocess.run([str(SERVER), "--help"], capture_output=True,
-                                                             text=True, timeout=60).stdout):
-        pytest.skip(f"this llama-server has no --spec-type {spec_type}")
-    got = run(spec_type, prompts, model)
+@pytest.mark.parametrize("method", ["llamacpp-ngram-simple", "llamacpp-ngram-simple-n3k10", "llamacpp-ngram-map-k",
+                                    "llamacpp-ngram-map-k-n3k10", "llamacpp-ngram-mod"])
+def test_ngram_speculation_against_its_own_plain(method, prompts, model, plain, offered):
+    """Greedy speculation gives llama.cpp plain's tokens (a verification batch could round
+    differently from one-token steps: one prompt of three may differ); ngram-simple with our pld's
+    lookup and draft lengths has drafts accepted on the copy prompt (ngram-map-k drafts only an
+    m-gram seen after its key more than once; llama.cpp's default 12-token lookups rarely match in
+    48 tokens)."""
+    if method not in offered:
+        pytest.skip(f"this llama-server has no --spec-type for {method}")
+    got = run(offered[method], prompts, model)
     same = [a["tokens"] == b["tokens"] for a, b in zip(plain["responses"], got["responses"])]
     assert sum(same) >= len(same) - 1, same
-    copy = got["responses"][-1]["timings"]
-    assert copy.get("draft_n_accepted", 0) > 0, copy  # the copy prompt drafts, and drafts are accepted
+    if method == "llamacpp-ngram-simple-n3k10":
+        copy = got["responses"][-1]["timings"]
+        assert copy.get("draft_n_accepted", 0) > 0, copy

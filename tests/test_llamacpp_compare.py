@@ -90,6 +90,8 @@ def fake_build(folder: Path) -> Path:
 
 
 def test_spec_types_offered_from_help():
+    real = "--spec-type none,draft-simple,ngram-simple,ngram-mod   comma-separated list of types\n"
+    assert lc.spec_types_offered(real) == ["none", "draft-simple", "ngram-simple", "ngram-mod"]
     assert lc.spec_types_offered(HELP) == ["none", "draft-simple", "draft-eagle3", "ngram-simple", "ngram-map-k",
                                            "ngram-map-k4v", "ngram-mod", "ngram-cache"]
     assert lc.spec_types_offered("--threads N\n") == []
@@ -144,6 +146,15 @@ def test_record_of_speculation_counts_forwards_from_accepted_drafts():
         lc.record(AR, [0], bad, "llamacpp", None)
 
 
+def test_methods_are_plain_and_the_offered_ngram_types_with_defaults_and_sized_as_pld():
+    got = lc.methods(["none", "ngram-simple", "ngram-mod", "ngram-cache"], (2, 7))
+    assert got == {"llamacpp": (), "llamacpp-ngram-simple": ("--spec-type", "ngram-simple"),
+                   "llamacpp-ngram-simple-n2k7": ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "2",
+                                                  "--spec-ngram-simple-size-m", "7"),
+                   "llamacpp-ngram-mod": ("--spec-type", "ngram-mod")}
+    assert lc.methods([], (3, 10)) == {"llamacpp": ()}
+
+
 def test_missing_build_names_make_llamacpp(tmp_path):
     with pytest.raises(ValueError, match="make llamacpp"):
         lc.binary("llama-server", tmp_path)
@@ -152,7 +163,7 @@ def test_missing_build_names_make_llamacpp(tmp_path):
 def test_server_answers_and_is_always_stopped(tmp_path):
     log = fake_build(tmp_path)
     exe = tmp_path / "bin" / "llama-server"
-    with lc.Server(exe, tmp_path / "m.gguf", 3, 512, "ngram-mod", ready_s=30) as s:
+    with lc.Server(exe, tmp_path / "m.gguf", 3, 512, ("--spec-type", "ngram-mod"), ready_s=30) as s:
         pid = s.proc.pid
         out = s.complete([1, 2, 3], 4)
         assert out["tokens"] == [100, 101, 102, 103] and out["wall_s"] > 0
@@ -175,7 +186,7 @@ def test_server_that_fails_or_never_listens_is_a_clear_error(tmp_path):
     fake_build(tmp_path)
     exe = tmp_path / "bin" / "llama-server"
     with pytest.raises(RuntimeError, match=r"exited \(code 3\) before it was ready[\s\S]*not a GGUF"):
-        with lc.Server(exe, tmp_path / "m.gguf", 1, 512, extra=("--fail",)):
+        with lc.Server(exe, tmp_path / "m.gguf", 1, 512, ("--fail",)):
             pass
     silent = tmp_path / "silent"
     silent.write_text(f"#!{sys.executable}\nimport time\nprint('loading', flush=True)\ntime.sleep(60)\n")
@@ -253,12 +264,14 @@ def test_compare_llamacpp_in_bench_run_with_a_fake_server(tmp_path, monkeypatch,
                  "--compare-llamacpp", "--out", str(out)]) == 0
     data = json.loads((out / "results.json").read_text())
     recs = {r["method"]: r for r in data["records"]}
-    spec = ["llamacpp-ngram-simple", "llamacpp-ngram-map-k", "llamacpp-ngram-mod"]
+    spec = ["llamacpp-ngram-simple", "llamacpp-ngram-simple-n3k10", "llamacpp-ngram-map-k",
+            "llamacpp-ngram-map-k-n3k10", "llamacpp-ngram-mod"]
     assert list(recs) == ["ar", "pld", "llamacpp", *spec]
     import torch
     servers = [json.loads(line) for line in log.read_text().splitlines()]
     assert [a[a.index("--spec-type") + 1] if "--spec-type" in a else None for a in servers] == \
-        [None, "ngram-simple", "ngram-map-k", "ngram-mod"]
+        [None, "ngram-simple", "ngram-simple", "ngram-map-k", "ngram-map-k", "ngram-mod"]
+    assert servers[2][-4:] == ["--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "10"]  # --pld 3,10
     assert all(a[a.index("--threads") + 1] == str(torch.get_num_threads()) for a in servers)
     assert recs["llamacpp"]["prompt_tokens"] == recs["ar"]["prompt_tokens"]
     assert recs["llamacpp"]["output_ids"] == [100, 101, 102, 103] and recs["llamacpp"]["identical_to_ar"] is False
