@@ -19,7 +19,9 @@ draft_n_accepted`` (the last step's accepted tokens past a stop are counted too:
 step off).
 
 llama.cpp computes on the GGUF's weights as stored (quantised blocks), ours on weights
-dequantised to the run's dtype: outputs may differ, and ``identical_to_ar`` says how many do not.
+dequantised to the run's dtype (and llama.cpp rounds the activations to 8 bits for its quantised
+products): outputs may differ, ``identical_to_ar`` says which, ``same_prefix_as_ar`` for how many
+tokens they agree first.
 """
 
 from __future__ import annotations
@@ -213,6 +215,16 @@ def run_method(flags: tuple[str, ...], prompts: list[list[int]], max_new_tokens:
             "responses": responses}
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many tokens two outputs share before the first that differs."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def record(ar: dict, prompt: list[int], response: dict, method: str, plain: Optional[list[int]]) -> dict:
     """One llama-server answer as a record in our format, beside our ar's record of the same
     prompt turn (``ar``); ``plain``: llama.cpp plain's tokens for it, when run."""
@@ -235,6 +247,7 @@ def record(ar: dict, prompt: list[int], response: dict, method: str, plain: Opti
         "decode_tok_s": (n - 1) / (t["predicted_ms"] / 1e3) if n > 1 and t["predicted_ms"] > 0 else float("nan"),
         "wall_s": response.get("wall_s"), "peak_mem_mib": None, "peak_mem_rise_mib": None, "step_tokens": None,
         "accept_lengths": None, "identical_to_ar": ids == ar["output_ids"],
+        "same_prefix_as_ar": common_prefix(ids, ar["output_ids"]),
         "identical_to_llamacpp": (ids == plain) if plain is not None else None,
         "finish_reason": ("eos" if response.get("stop_type") == "eos" else
                           "length" if response.get("stop_type") == "limit" else response.get("stop_type")),

@@ -265,7 +265,7 @@ def llamacpp_section(records: list[dict], methods: list[str]) -> list[str]:
         return []
     same = [r for r in records if r["id"] in turns]
     s = {m: x for (m, t), x in summarize(same).items() if t == "all"}
-    ident, prefill, drafts = {}, {}, {}
+    ident, prefill, drafts, prefix = {}, {}, {}, {}
     for m in methods:
         rs = [r for r in same if r["method"] == m]
         got = [r["identical_to_llamacpp"] for r in rs if r.get("identical_to_llamacpp") is not None]
@@ -275,6 +275,8 @@ def llamacpp_section(records: list[dict], methods: list[str]) -> list[str]:
                       if rs and len(ttft) == len(rs) and sum(ttft) > 0 else None)
         st = [r["stats"] for r in rs if isinstance(r.get("stats"), dict) and "draft_tokens" in r["stats"]]
         drafts[m] = (sum(x["draft_accepted"] for x in st), sum(x["draft_tokens"] for x in st)) if st else None
+        pre = [r["same_prefix_as_ar"] for r in rs if r.get("same_prefix_as_ar") is not None]
+        prefix[m] = sum(pre) / len(pre) if pre else None
     plain = s.get("llamacpp", {})
     lines = ["### llama.cpp on the same prompts", "",
              f"The {len(turns)} first turns llama-server ran (later turns follow each engine's own answers), every "
@@ -283,10 +285,11 @@ def llamacpp_section(records: list[dict], methods: list[str]) -> list[str]:
              "over the time to the first token (llama.cpp: prompt_n over prompt_ms). tau: new tokens per forward "
              "after the prefill (llama.cpp: from its accepted drafts). drafts: draft tokens accepted / proposed. "
              "llama.cpp computes on the GGUF's weights as stored, ours on dequantised weights: identical says "
-             "how many greedy outputs agree.", "",
+             "how many greedy outputs agree, and before the first difference: the mean number of tokens an output "
+             "shares with our ar's.", "",
              "| method | decode tokens/s | over llama.cpp plain | prefill tokens/s | TTFT ms | tokens/s (turn) | tau "
-             "| drafts | identical to llama.cpp plain | identical to our ar |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| drafts | identical to llama.cpp plain | identical to our ar | before the first difference |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for m in methods:
         x = s.get(m)
         if x is None:
@@ -298,7 +301,8 @@ def llamacpp_section(records: list[dict], methods: list[str]) -> list[str]:
                      f"| {_fmt(ttft, '.0f')} | {_fmt(x['tok_s'], '.1f')} | {_fmt(x['tau'])} "
                      f"| {'-' if d is None else f'{d[0]} / {d[1]}'} "
                      f"| {'-' if ident.get(m) is None else _fmt(ident[m], '.0%')} "
-                     f"| {'-' if x['identical'] is None else _fmt(x['identical'], '.0%')} |")
+                     f"| {'-' if x['identical'] is None else _fmt(x['identical'], '.0%')} "
+                     f"| {_fmt(prefix[m], '.1f')} |")
     lines.append("")
 
     def best(names):

@@ -140,6 +140,7 @@ def test_record_of_speculation_counts_forwards_from_accepted_drafts():
     assert r["forwards"] == 11 - 1 - 6 and r["tau"] == pytest.approx(11 / 4)
     assert r["stats"]["draft_tokens"] == 12 and r["stats"]["draft_accepted"] == 6
     assert r["identical_to_ar"] is False and r["identical_to_llamacpp"] is True
+    assert r["same_prefix_as_ar"] == 3  # 5, 6, 7 then 9 against 8
     with pytest.raises(ValueError, match="predicted_n 12 but returned 11"):
         bad = answer(toks)
         bad["timings"]["predicted_n"] = 12
@@ -211,7 +212,7 @@ def test_report_section_puts_decode_and_prefill_apart():
                rec("llamacpp", 101, 1.5, 0.5, ident=False, identical_to_llamacpp=True,
                    stats={"draft_tokens": 0, "draft_accepted": 0}),
                rec("llamacpp-ngram-mod", 101, 1.25, 0.5, ident=False, identical_to_llamacpp=True,
-                   stats={"draft_tokens": 40, "draft_accepted": 30})]
+                   stats={"draft_tokens": 40, "draft_accepted": 30}, same_prefix_as_ar=12)]
     methods = ["ar", "suffix", "llamacpp", "llamacpp-ngram-mod"]
     lines = llamacpp_section(records, methods)
     text = "\n".join(lines)
@@ -219,7 +220,7 @@ def test_report_section_puts_decode_and_prefill_apart():
     # decode: 100 tokens over the time after the first; prefill: 100 prompt tokens over TTFT
     assert "| ar | 50.0 | 0.50 | 100 | 1000 | 33.7 |" in text
     assert "| llamacpp | 100.0 | 1.00 | 200 | 500 |" in text
-    assert "| llamacpp-ngram-mod | 133.3 | 1.33 | 200 | 500 |" in text and "| 30 / 40 | 100% | 0% |" in text
+    assert "| llamacpp-ngram-mod | 133.3 | 1.33 | 200 | 500 |" in text and "| 30 / 40 | 100% | 0% | 12.0 |" in text
     assert "- our ar: decode tokens/s 0.50x llama.cpp plain, prefill 0.50x" in text
     assert "- llama.cpp's best speculation (llamacpp-ngram-mod): decode tokens/s 1.33x llama.cpp plain" in text
     assert "- our best speculative method (suffix): decode tokens/s 0.75x llama.cpp's best (llamacpp-ngram-mod)" in text
