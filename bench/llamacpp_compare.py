@@ -8,6 +8,8 @@ bound to 127.0.0.1 on a free port, stopped when the method is done (on an error 
 The prompts go to its ``/completion`` endpoint as token ids, the ids our methods decoded (no second
 chat template or tokenizer decides anything), greedy, the same new-token limit, stopping at EOS as
 ours do, and without the server's prompt cache (each prompt's prefill is timed in full, as ours).
+With ``--repeats N`` every method runs in each of N interleaved rounds, each round one method later,
+a fresh server each time; a record's times are the medians over the rounds.
 
 Times are the server's own (the response's ``timings``), not the HTTP round trip (kept as
 ``wall_s``): ``prompt_ms`` runs from the request's start to the first token (our TTFT),
@@ -31,6 +33,7 @@ import os
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -225,34 +228,43 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def record(ar: dict, prompt: list[int], response: dict, method: str, plain: Optional[list[int]]) -> dict:
-    """One llama-server answer as a record in our format, beside our ar's record of the same
-    prompt turn (``ar``); ``plain``: llama.cpp plain's tokens for it, when run."""
-    t = response["timings"]
-    ids = list(response["tokens"])
-    n = t["predicted_n"]
-    if n != len(ids):
-        raise ValueError(f"{method}: llama-server reported predicted_n {n} but returned {len(ids)} tokens")
+def record(ar: dict, prompt: list[int], responses: list[dict], method: str, plain: Optional[list[int]]) -> dict:
+    """llama-server's answers to one prompt, one per round, as a record in our format beside our
+    ar's record of the same prompt turn (``ar``); ``plain``: llama.cpp plain's tokens for it, when
+    run. Tokens and draft counts are the first round's (``rounds_agree`` says whether every round
+    gave its tokens); times are medians over the rounds, with each round's in ``time_s_runs``."""
+    for g in responses:
+        if g["timings"]["predicted_n"] != len(g["tokens"]):
+            raise ValueError(f"{method}: llama-server reported predicted_n {g['timings']['predicted_n']} but "
+                             f"returned {len(g['tokens'])} tokens")
+    first, timings = responses[0], [g["timings"] for g in responses]
+    t, ids = first["timings"], list(first["tokens"])
+    n = len(ids)
     accepted = t.get("draft_n_accepted", 0)
     forwards = max(n - 1 - accepted, 0)
-    ttft = t["prompt_ms"] / 1e3
-    secs = ttft + t["predicted_ms"] / 1e3
-    rate = n / secs if secs > 0 else float("nan")
+    ttft = statistics.median(x["prompt_ms"] / 1e3 for x in timings)
+    after = statistics.median(x["predicted_ms"] / 1e3 for x in timings)
+    secs_runs = [(x["prompt_ms"] + x["predicted_ms"]) / 1e3 for x in timings]
+    rate_runs = [x["predicted_n"] / s if s > 0 else float("nan") for x, s in zip(timings, secs_runs)]
+    secs = statistics.median(secs_runs)
     return {
         "id": ar["id"], "conversation": ar["conversation"], "question_id": ar["question_id"], "turn": ar["turn"],
         "task": ar["task"], "method": method, "prompt_tokens": len(prompt), "new_tokens": n, "forwards": forwards,
-        "tau": n / max(forwards, 1), "time_s": secs, "tok_s": rate, "repeats": 1, "time_s_runs": [secs],
-        "tok_s_runs": [rate], "tok_s_min": rate, "tok_s_max": rate, "ttft_s": ttft,
+        "tau": n / max(forwards, 1), "time_s": secs, "tok_s": statistics.median(rate_runs),
+        "repeats": len(responses), "time_s_runs": secs_runs, "tok_s_runs": rate_runs, "tok_s_min": min(rate_runs),
+        "tok_s_max": max(rate_runs), "ttft_s": ttft,
         "prefill_tok_s": t["prompt_n"] / ttft if ttft > 0 else float("nan"),
-        "decode_tok_s": (n - 1) / (t["predicted_ms"] / 1e3) if n > 1 and t["predicted_ms"] > 0 else float("nan"),
-        "wall_s": response.get("wall_s"), "peak_mem_mib": None, "peak_mem_rise_mib": None, "step_tokens": None,
+        "decode_tok_s": (n - 1) / after if n > 1 and after > 0 else float("nan"),
+        "wall_s": statistics.median(g.get("wall_s") or float("nan") for g in responses),
+        "peak_mem_mib": None, "peak_mem_rise_mib": None, "step_tokens": None,
         "accept_lengths": None, "identical_to_ar": ids == ar["output_ids"],
         "same_prefix_as_ar": common_prefix(ids, ar["output_ids"]),
         "identical_to_llamacpp": (ids == plain) if plain is not None else None,
-        "finish_reason": ("eos" if response.get("stop_type") == "eos" else
-                          "length" if response.get("stop_type") == "limit" else response.get("stop_type")),
-        "stats": {"timings": t, "draft_tokens": t.get("draft_n", 0), "draft_accepted": accepted},
-        "plan": None, "text": response.get("content", ""), "output_ids": ids}
+        "rounds_agree": all(list(g["tokens"]) == ids for g in responses),
+        "finish_reason": ("eos" if first.get("stop_type") == "eos" else
+                          "length" if first.get("stop_type") == "limit" else first.get("stop_type")),
+        "stats": {"timings": timings, "draft_tokens": t.get("draft_n", 0), "draft_accepted": accepted},
+        "plan": None, "text": first.get("content", ""), "output_ids": ids}
 
 
 def llama_bench(model: Path, threads: int, n_gen: int = 128, exe: Optional[Path] = None,
@@ -317,19 +329,35 @@ def compare(bench, records: list[dict], results: list[dict], head: dict) -> list
         offered = []
         print(f"warning: llama-server --help failed ({e}): plain only", file=sys.stderr)
     spec = [s for s in SPEC_TYPES if s in offered]
-    out, loads, failed = [], {}, []
+    names = methods(offered, args.pld_nk)
+    runs: dict[str, list[dict]] = {m: [] for m in names}  # per method, run_method's answer in each round
+    failed: list[str] = []
+    for i in range(args.repeats):  # interleaved rounds, each starting one method later, as ours (bench/loop.py)
+        order = list(names)[i % len(names):] + list(names)[:i % len(names)]
+        for method in order:
+            if any(f.startswith(f"{method}: ") for f in failed):
+                continue
+            print(f"llama.cpp: {method} on {len(prompts)} prompts ({threads} threads)"
+                  + (f", round {i + 1} of {args.repeats}" if args.repeats > 1 else ""), flush=True)
+            try:
+                runs[method].append(run_method(names[method], prompts, args.max_new_tokens, threads, model=model,
+                                               exe=exe))
+            except (RuntimeError, ValueError, KeyError) as e:
+                failed.append(f"{method}: {type(e).__name__}: {e}")
+                print(f"error: {failed[-1]}", file=sys.stderr)
+    out, loads = [], {}
     plain: dict[str, list[int]] = {}
-    for method, flags in methods(offered, args.pld_nk).items():
-        print(f"llama.cpp: {method} on {len(prompts)} prompts ({threads} threads)", flush=True)
+    for method in names:
+        if not runs[method] or any(f.startswith(f"{method}: ") for f in failed):
+            continue
         try:
-            got = run_method(flags, prompts, args.max_new_tokens, threads, model=model, exe=exe)
-            recs = [record(r, p, g, method, plain.get(r["conversation"]))
-                    for r, p, g in zip(firsts, prompts, got["responses"])]
-        except (RuntimeError, ValueError, KeyError) as e:
+            recs = [record(r, p, [g["responses"][j] for g in runs[method]], method, plain.get(r["conversation"]))
+                    for j, (r, p) in enumerate(zip(firsts, prompts))]
+        except (ValueError, KeyError) as e:
             failed.append(f"{method}: {type(e).__name__}: {e}")
             print(f"error: {failed[-1]}", file=sys.stderr)
             continue
-        loads[method] = got["load"]
+        loads[method] = runs[method][0]["load"]
         for r in recs:
             if method == PLAIN:
                 plain[r["conversation"]] = r["output_ids"]
@@ -342,7 +370,9 @@ def compare(bench, records: list[dict], results: list[dict], head: dict) -> list
                         f"{', '.join(spec) or '(none offered)'} with llama.cpp's defaults, and "
                         f"{' and '.join(t for t in spec if t in SIZED) or '-'} with lookup {args.pld_nk[0]} and draft "
                         f"{args.pld_nk[1]} tokens (-n{args.pld_nk[0]}k{args.pld_nk[1]}, --pld's); ngram-mod keeps its "
-                        f"n-gram pool across requests; times: the server's timings; run once (no repeats)"
+                        f"n-gram pool across the requests of a server (a fresh server per method and round); times: "
+                        f"the server's timings, "
+                        + (f"median of {args.repeats} interleaved rounds" if args.repeats > 1 else "run once")
                         + (f"; failed: {'; '.join(failed)}" if failed else ""))
     head["llamacpp loads"] = "; ".join(f"{m} {x['s']:.1f} s, peak {x['peak_mem_mib']} MiB" for m, x in loads.items())
     head["llamacpp_loads"] = loads

@@ -66,7 +66,7 @@ def test_plain_answers_our_token_ids_with_its_timings(prompts, plain):
         assert t["prompt_ms"] > 0 and t["predicted_ms"] > 0 and "draft_n" not in t
         assert g["stop_type"] in ("eos", "limit")
         r = lc.record({"id": "x", "conversation": "x", "question_id": "x", "turn": 1, "task": "t",
-                       "output_ids": g["tokens"]}, p, g, "llamacpp", None)
+                       "output_ids": g["tokens"]}, p, [g], "llamacpp", None)
         assert r["forwards"] == len(g["tokens"]) - 1 and r["decode_tok_s"] > 0
 
 

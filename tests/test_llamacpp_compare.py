@@ -120,7 +120,7 @@ def answer(tokens, prompt_ms=200.0, predicted_ms=80.0, **draft):
 
 
 def test_record_of_plain_decoding():
-    r = lc.record(AR, list(range(100)), answer([5, 6, 7, 8, 2]), "llamacpp", None)
+    r = lc.record(AR, list(range(100)), [answer([5, 6, 7, 8, 2])], "llamacpp", None)
     assert r["method"] == "llamacpp" and r["new_tokens"] == 5 and r["prompt_tokens"] == 100
     assert r["forwards"] == 4 and r["tau"] == pytest.approx(5 / 4)  # one forward per token after the first
     assert r["ttft_s"] == pytest.approx(0.2) and r["time_s"] == pytest.approx(0.28)
@@ -135,7 +135,7 @@ def test_record_of_plain_decoding():
 
 def test_record_of_speculation_counts_forwards_from_accepted_drafts():
     toks = [5, 6, 7, 9, 1, 1, 1, 1, 1, 1, 1]
-    r = lc.record(AR, [0] * 100, answer(toks, draft_n=12, draft_n_accepted=6), "llamacpp-ngram-mod",
+    r = lc.record(AR, [0] * 100, [answer(toks, draft_n=12, draft_n_accepted=6)], "llamacpp-ngram-mod",
                   [5, 6, 7, 9, 1, 1, 1, 1, 1, 1, 1])
     assert r["forwards"] == 11 - 1 - 6 and r["tau"] == pytest.approx(11 / 4)
     assert r["stats"]["draft_tokens"] == 12 and r["stats"]["draft_accepted"] == 6
@@ -144,7 +144,7 @@ def test_record_of_speculation_counts_forwards_from_accepted_drafts():
     with pytest.raises(ValueError, match="predicted_n 12 but returned 11"):
         bad = answer(toks)
         bad["timings"]["predicted_n"] = 12
-        lc.record(AR, [0], bad, "llamacpp", None)
+        lc.record(AR, [0], [answer(toks), bad], "llamacpp", None)
 
 
 def test_methods_are_plain_and_the_offered_ngram_types_with_defaults_and_sized_as_pld():
@@ -154,6 +154,18 @@ def test_methods_are_plain_and_the_offered_ngram_types_with_defaults_and_sized_a
                                                   "--spec-ngram-simple-size-m", "7"),
                    "llamacpp-ngram-mod": ("--spec-type", "ngram-mod")}
     assert lc.methods([], (3, 10)) == {"llamacpp": ()}
+
+
+def test_record_of_rounds_takes_median_times_and_says_whether_the_rounds_agree():
+    runs = [answer([5, 6, 7, 8, 2], prompt_ms=p, predicted_ms=d) for p, d in ((200, 80), (260, 40), (300, 120))]
+    r = lc.record(AR, [0] * 100, runs, "llamacpp", None)
+    assert r["repeats"] == 3 and r["time_s_runs"] == pytest.approx([0.28, 0.3, 0.42])
+    assert r["time_s"] == pytest.approx(0.3) and r["ttft_s"] == pytest.approx(0.26)
+    assert r["decode_tok_s"] == pytest.approx(4 / 0.08)  # the median time after the first token
+    assert r["tok_s_runs"] == pytest.approx([5 / 0.28, 5 / 0.3, 5 / 0.42]) and r["tok_s"] == pytest.approx(5 / 0.3)
+    assert r["rounds_agree"] is True and len(r["stats"]["timings"]) == 3
+    runs[1] = answer([5, 6, 7, 9, 2])
+    assert lc.record(AR, [0] * 100, runs, "llamacpp", None)["rounds_agree"] is False
 
 
 def test_missing_build_names_make_llamacpp(tmp_path):
@@ -285,3 +297,28 @@ def test_compare_llamacpp_in_bench_run_with_a_fake_server(tmp_path, monkeypatch,
     md = (out / "results.md").read_text()
     assert "### llama.cpp on the same prompts" in md and "our ar: decode tokens/s" in md
     assert (out / "answers_llamacpp-ngram-mod.jsonl").is_file()
+
+
+def test_compare_runs_interleaved_rounds_with_a_fresh_server_each(tmp_path, monkeypatch):
+    """--repeats 2: every llama.cpp method in each round, the second round one method later, a
+    server per method and round; records carry both rounds' times."""
+    from types import SimpleNamespace
+
+    log = fake_build(tmp_path / "build")
+    monkeypatch.setenv("SPECDEC_LLAMACPP_DIR", str(tmp_path / "build"))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"")
+    args = SimpleNamespace(model=str(model), max_new_tokens=5, pld_nk=(3, 10), repeats=2)
+    bench = SimpleNamespace(args=args, encode=lambda messages: [1, 2, 3], text=lambda ids: f"{len(ids)} tokens")
+    ar = dict(AR, method="ar", output_ids=[100, 101, 102, 103, 104])
+    head = {}
+    recs = lc.compare(bench, [{"id": AR["conversation"], "messages": []}], [ar], head)
+    methods = list(lc.methods(lc.spec_types_offered(HELP), (3, 10)))
+    assert [r["method"] for r in recs] == methods
+    flags = lc.methods(lc.spec_types_offered(HELP), (3, 10))
+    servers = [json.loads(line) for line in log.read_text().splitlines()]
+    started = [next(m for m, f in reversed(flags.items()) if a[len(a) - len(f):] == list(f)) for a in servers]
+    assert started == methods + methods[1:] + methods[:1]
+    assert all(r["repeats"] == 2 and len(r["time_s_runs"]) == 2 and r["rounds_agree"] for r in recs)
+    assert recs[0]["identical_to_ar"] is True and recs[0]["text"] == "5 tokens"
+    assert "median of 2 interleaved rounds" in head["llamacpp"] and "failed" not in head["llamacpp"]
