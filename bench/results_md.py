@@ -89,6 +89,13 @@ RUNS = [
      "run, the time to the first token of the 541-1,475-token prompts fell 4-17%; the decoding steps do not use "
      "the kernel. The run's NOTES.md has the kernel against SDPA (1.3-2.3x) and the prefill alone (8-16% less "
      "time). Texts and token ids removed from the JSON."),
+    ("bench/results/2026-11-27-cpu-llamacpp/results.json",
+     "--compare-llamacpp --limit 1, one round, 2 threads for both engines: llama.cpp b11434 (make llamacpp, "
+     "native flags) on the GGUF's Q4_1 blocks as stored, ours in fp32. llama.cpp plain decodes 1.94x our ar (97.6 "
+     "against 50.4 tokens/s after the first token), 1.42x our fastest speculative method (suffix); our prefill is "
+     "2.75x its (718 against 261 tokens/s). Its n-gram speculation decoded no faster than its plain decoding here. "
+     "No llama.cpp output equals our ar's (they share 19 tokens on average first: its products take 8-bit "
+     "activations). The run's NOTES.md has llama-bench and the contended first run."),
     ("bench/results/2026-11-27-cpu-vllm-prefill-kernel/results.json",
      "--compare-vllm --limit 2 (OMP_NUM_THREADS=1) after the prefill kernel. Every vLLM output equalled vLLM "
      "plain's and our ar's. Engines not interleaved. Our time to the first token is now vLLM's (16.6 s against "
