@@ -17,8 +17,8 @@ Times are the server's own (the response's ``timings``), not the HTTP round trip
 tokens (its ``predicted_per_second``): the same as our speedup after the first token.
 llama-server does not report its forwards; with speculation every verification step brings one
 token more than it accepted, so the forwards after the prefill are ``predicted_n - 1 -
-draft_n_accepted`` (the last step's accepted tokens past a stop are counted too: at most one
-step off).
+draft_n_accepted`` (where a stop falls inside a step's accepted drafts, those past it count as
+accepted all the same: the forwards then come out short by at most that step's draft).
 
 llama.cpp computes on the GGUF's weights as stored (quantised blocks), ours on weights
 dequantised to the run's dtype (and llama.cpp rounds the activations to 8 bits for its quantised
@@ -241,7 +241,7 @@ def record(ar: dict, prompt: list[int], responses: list[dict], method: str, plai
     t, ids = first["timings"], list(first["tokens"])
     n = len(ids)
     accepted = t.get("draft_n_accepted", 0)
-    forwards = max(n - 1 - accepted, 0)
+    forwards = max(n - 1 - accepted, min(n - 1, 1))
     ttft = statistics.median(x["prompt_ms"] / 1e3 for x in timings)
     after = statistics.median(x["predicted_ms"] / 1e3 for x in timings)
     secs_runs = [(x["prompt_ms"] + x["predicted_ms"]) / 1e3 for x in timings]
