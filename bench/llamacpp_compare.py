@@ -78,8 +78,8 @@ def binary(name: str, folder: Optional[Path] = None) -> Path:
     path = folder / "bin" / name
     if not path.is_file() or not os.access(path, os.X_OK):
         raise ValueError(f"--compare-llamacpp needs llama.cpp's {name}, not found at {path}: build it with "
-                         f"`make llamacpp` (about 6 minutes on 2 cores; or point SPECDEC_LLAMACPP_DIR at a folder "
-                         f"with bin/{name})")
+                         f"`make llamacpp` (a CMake build of two targets; or point SPECDEC_LLAMACPP_DIR at a "
+                         f"folder with bin/{name})")
     return path
 
 
