@@ -173,6 +173,8 @@ def markdown(records: list[dict], header: dict, methods: list[str], tasks: list[
         lines.append("")
     if any(m.startswith("vllm") for m in methods):
         lines += vllm_section(records, methods)
+    if any(m.startswith("llamacpp") for m in methods):
+        lines += llamacpp_section(records, methods)
     return "\n".join(lines)
 
 
@@ -249,6 +251,80 @@ def vllm_section(records: list[dict], methods: list[str]) -> list[str]:
     if o_rate and b_rate:
         checks.append(f"our best speculative method ({o_m}): tokens/s {o_rate / b_rate:.2f}x vLLM's best "
                       f"speculative ({b_rate_m})")
+    if checks:
+        lines += [f"- {c}" for c in checks] + [""]
+    return lines
+
+
+def llamacpp_section(records: list[dict], methods: list[str]) -> list[str]:
+    """llama.cpp beside ours (bench/run.py --compare-llamacpp) on the prompt turns llama-server ran
+    (first turns), every method pooled over them: decoding after the first token and the prefill
+    apart, and the ratios the comparison is about."""
+    turns = {r["id"] for r in records if r["method"] == "llamacpp"}
+    if not turns:
+        return []
+    same = [r for r in records if r["id"] in turns]
+    s = {m: x for (m, t), x in summarize(same).items() if t == "all"}
+    ident, prefill, drafts, prefix = {}, {}, {}, {}
+    for m in methods:
+        rs = [r for r in same if r["method"] == m]
+        got = [r["identical_to_llamacpp"] for r in rs if r.get("identical_to_llamacpp") is not None]
+        ident[m] = sum(got) / len(got) if got else None
+        ttft = [r["ttft_s"] for r in rs if r.get("ttft_s") is not None]
+        prefill[m] = (sum(r["prompt_tokens"] for r in rs) / sum(ttft)
+                      if rs and len(ttft) == len(rs) and sum(ttft) > 0 else None)
+        st = [r["stats"] for r in rs if isinstance(r.get("stats"), dict) and "draft_tokens" in r["stats"]]
+        drafts[m] = (sum(x["draft_accepted"] for x in st), sum(x["draft_tokens"] for x in st)) if st else None
+        pre = [r["same_prefix_as_ar"] for r in rs if r.get("same_prefix_as_ar") is not None]
+        prefix[m] = sum(pre) / len(pre) if pre else None
+    plain = s.get("llamacpp", {})
+    lines = ["### llama.cpp on the same prompts", "",
+             f"The {len(turns)} first turns llama-server ran (later turns follow each engine's own answers), every "
+             "method pooled over them. decode tokens/s: the tokens after the first over the time after the first "
+             "token (llama.cpp: its timings, predicted_n - 1 over predicted_ms); prefill tokens/s: prompt tokens "
+             "over the time to the first token (llama.cpp: prompt_n over prompt_ms). tau: new tokens per forward "
+             "after the prefill (llama.cpp: from its accepted drafts). drafts: draft tokens accepted / proposed. "
+             "llama.cpp computes on the GGUF's weights as stored, ours on dequantised weights: identical says "
+             "how many greedy outputs agree, and before the first difference: the mean number of tokens an output "
+             "shares with our ar's.", "",
+             "| method | decode tokens/s | over llama.cpp plain | prefill tokens/s | TTFT ms | tokens/s (turn) | tau "
+             "| drafts | identical to llama.cpp plain | identical to our ar | before the first difference |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for m in methods:
+        x = s.get(m)
+        if x is None:
+            continue
+        over = x["decode_tok_s"] / plain["decode_tok_s"] if plain.get("decode_tok_s") else None
+        d = drafts[m]
+        ttft = None if x["ttft_s"] is None else x["ttft_s"] * 1e3
+        lines.append(f"| {m} | {_fmt(x['decode_tok_s'], '.1f')} | {_fmt(over)} | {_fmt(prefill[m], '.0f')} "
+                     f"| {_fmt(ttft, '.0f')} | {_fmt(x['tok_s'], '.1f')} | {_fmt(x['tau'])} "
+                     f"| {'-' if d is None else f'{d[0]} / {d[1]}'} "
+                     f"| {'-' if ident.get(m) is None else _fmt(ident[m], '.0%')} "
+                     f"| {'-' if x['identical'] is None else _fmt(x['identical'], '.0%')} "
+                     f"| {_fmt(prefix[m], '.1f')} |")
+    lines.append("")
+
+    def best(names):
+        got = [(s[n]["decode_tok_s"], n) for n in names if n in s and s[n]["decode_tok_s"] == s[n]["decode_tok_s"]]
+        return max(got) if got else (None, None)
+
+    checks = []
+    if "ar" in s and plain.get("decode_tok_s"):
+        checks.append(f"our ar: decode tokens/s {s['ar']['decode_tok_s'] / plain['decode_tok_s']:.2f}x llama.cpp "
+                      f"plain"
+                      + (f", prefill {prefill['ar'] / prefill['llamacpp']:.2f}x" if prefill.get("ar")
+                         and prefill.get("llamacpp") else ""))
+    theirs = [m for m in methods if m.startswith("llamacpp-")]
+    ours = [m for m in methods if m in s and m != "ar" and not m.startswith(("llamacpp", "vllm", "hf"))]
+    t_rate, t_m = best(theirs)
+    o_rate, o_m = best(ours)
+    if t_rate and plain.get("decode_tok_s"):
+        checks.append(f"llama.cpp's best speculation ({t_m}): decode tokens/s {t_rate / plain['decode_tok_s']:.2f}x "
+                      f"llama.cpp plain")
+    if o_rate and t_rate:
+        checks.append(f"our best speculative method ({o_m}): decode tokens/s {o_rate / t_rate:.2f}x llama.cpp's "
+                      f"best ({t_m})")
     if checks:
         lines += [f"- {c}" for c in checks] + [""]
     return lines

@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report import _fmt, phase_summary, summarize, vllm_section  # noqa: E402
+from bench.report import _fmt, llamacpp_section, phase_summary, summarize, vllm_section  # noqa: E402
 
 OUT = ROOT / "bench" / "RESULTS.md"
 
@@ -89,6 +89,13 @@ RUNS = [
      "run, the time to the first token of the 541-1,475-token prompts fell 4-17%; the decoding steps do not use "
      "the kernel. The run's NOTES.md has the kernel against SDPA (1.3-2.3x) and the prefill alone (8-16% less "
      "time). Texts and token ids removed from the JSON."),
+    ("bench/results/2026-11-27-cpu-llamacpp/results.json",
+     "--compare-llamacpp --limit 1, one round, 2 threads for both engines: llama.cpp b11434 (make llamacpp, "
+     "native flags) on the GGUF's Q4_1 blocks as stored, ours in fp32. llama.cpp plain decodes 1.94x our ar (97.6 "
+     "against 50.4 tokens/s after the first token), 1.42x our fastest speculative method (suffix); our prefill is "
+     "2.75x its (718 against 261 tokens/s). Its n-gram speculation decoded no faster than its plain decoding here. "
+     "No llama.cpp output equals our ar's (they share 19 tokens on average first: its products take 8-bit "
+     "activations). The run's NOTES.md has llama-bench and the contended first run."),
     ("bench/results/2026-11-27-cpu-vllm-prefill-kernel/results.json",
      "--compare-vllm --limit 2 (OMP_NUM_THREADS=1) after the prefill kernel. Every vLLM output equalled vLLM "
      "plain's and our ar's. Engines not interleaved. Our time to the first token is now vLLM's (16.6 s against "
@@ -131,7 +138,7 @@ RUNS = [
 ]
 HEADER_KEYS = ("date", "command", "device", "dtype", "kernel", "versions", "max_new_tokens", "batch_size",
                "sampling", "repeats", "step planner", "suffix store", "cuda graphs", "step cost", "model loads", "vllm",
-               "vllm loads")
+               "vllm loads", "llamacpp", "llamacpp loads", "llamacpp bench")
 
 
 def load(rel: str) -> dict:
@@ -192,7 +199,8 @@ def run_section(rel: str, note: str) -> list[str]:
                           ("speedup", "Speedup over `ar`, whole turn (prefill included)")):
         lines += [f"{title}:", ""] + _table(s, methods, cols, lambda x, k=metric: _fmt(None if x is None else x[k]))
     lines += ["Share of greedy outputs identical to `ar`:", ""] + _table(s, methods, cols, _identical)
-    return lines + phase_lines(records, methods) + vllm_section(records, methods)  # each empty without its records
+    # each empty without its records
+    return lines + phase_lines(records, methods) + vllm_section(records, methods) + llamacpp_section(records, methods)
 
 
 def phase_lines(records: list[dict], methods: list[str]) -> list[str]:

