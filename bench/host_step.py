@@ -150,6 +150,10 @@ def parse_args(argv=None):
     p.add_argument("--paths", default="compiled",
                    help="comma list of host paths to time, interleaved: compiled (decoding/compiled.py where "
                         "it builds), reference (the Python reference); default compiled")
+    p.add_argument("--answers", default=None,
+                   help="a JSON file of the prompts' greedy answers: read when it holds these prompts, else "
+                        "computed (ar, the real forward) and written there, so that runs compared with each "
+                        "other replay the same answers")
     p.add_argument("--out", default=None, help="also write host_step.json there")
     args = p.parse_args(argv)
     for name in ("limit", "batch_size", "max_new_tokens", "repeats"):
@@ -179,7 +183,16 @@ def main(argv=None) -> dict:
     prompts = [tok.apply_chat_template([{"role": "user", "content": user_turns(r)[0]}], add_generation_prompt=True,
                                        tokenize=True, return_dict=False)
                for r in load_suite(split="test", limit=args.limit)]
-    answers = answers_for(loaded.model, prompts, args.max_new_tokens)
+    answers = None
+    if args.answers and Path(args.answers).is_file():
+        saved = json.loads(Path(args.answers).read_text())
+        if saved.get("prompts") == prompts and saved.get("max_new_tokens") == args.max_new_tokens:
+            answers = saved["answers"]
+    if answers is None:
+        answers = answers_for(loaded.model, prompts, args.max_new_tokens)
+        if args.answers:
+            Path(args.answers).write_text(json.dumps(dict(prompts=prompts, max_new_tokens=args.max_new_tokens,
+                                                          answers=answers)))
     batches = [prompts[i:i + args.batch_size] for i in range(0, len(prompts), args.batch_size)]
     best: dict[tuple[str, str], dict] = {}
     before = compiled.use_compiled(True)
