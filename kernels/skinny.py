@@ -545,9 +545,11 @@ def rope_unchecked(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads:
 
 # ---- the whole stack of decoder layers in one call (cpu/skinny_layers.c) ------------------------
 class LayerPtrs(ctypes.Structure):
-    """One layer's weights and cache pools, as ``skinny_layer`` in cpu/skinny_layers.c."""
+    """One layer's weights and cache pools, as ``skinny_layer`` in cpu/skinny_layers.c: ``fmt``
+    per product (qkv, o, gate_up, down) 0 for an fp32 weight, else kernels/quant.py's
+    ``FORMATS`` code of its packed panels."""
     _fields_ = [(n, ctypes.c_void_p) for n in ("attn_norm", "wqkv", "bqkv", "wo", "mlp_norm", "w_gate_up", "w_down",
-                                                "k_cache", "v_cache")]
+                                                "k_cache", "v_cache")] + [("fmt", ctypes.c_int32 * 4)]
 
 
 class StepArgs(ctypes.Structure):
