@@ -244,6 +244,11 @@ def describe(model) -> str:
     plans = [p for p in (getattr(m, "plan", None) for m in model.modules()) if p is not None]
     if model.head_plan is not None:
         plans.append(model.head_plan)
+    weights = getattr(model, "weights", "fp32")
+    if weights != "fp32":  # one form: kernels/quant.py
+        formats = sorted({m.quant.format for m in model.modules() if getattr(m, "quant", None) is not None})
+        return (f"quantized weights ({weights}: layers {'/'.join(formats)}, LM head {model.head_quant.format}), "
+                "every product kernels/quant.py's")
     if not plans:
         return "untuned (every product plain F.linear)"
     parts = []

@@ -134,3 +134,48 @@ def test_the_weights_option():
     from models.loader import default_model_path
     assert resolve_weights(None, default_model_path(), torch.float32, torch.device("cpu")) == "native"
     assert resolve_weights(None, default_model_path(), torch.float32, torch.device("cuda")) == "fp32"
+
+
+@pytest.mark.parametrize("entry", ["cli", "bench"])
+def test_the_weights_flag(entry, capsys):
+    """--weights parses on both entry points; a bad value, or a quantized form in bfloat16, is
+    refused naming the flag before any model loads."""
+    import bench.run as bench_run
+    from decoding import cli
+
+    parse = (lambda extra: cli.parse_args(["a prompt"] + extra)) if entry == "cli" else bench_run.parse_args
+    assert parse([]).weights is None and parse(["--weights", "q8_0"]).weights == "q8_0"
+    for bad in (["--weights", "q4_0"], ["--weights", "native", "--dtype", "bfloat16"]):
+        with pytest.raises(SystemExit):
+            parse(bad)
+        assert "--weights" in capsys.readouterr().err
+
+
+def test_the_cli_passes_weights_to_the_load(monkeypatch):
+    """python -m decoding --weights q8_0 loads with weights='q8_0' (the model stubbed)."""
+    import io
+    from types import SimpleNamespace
+
+    from decoding import cli
+    from decoding.text import TextGenerator
+
+    seen = {}
+
+    class Gen:
+        chat_template, cache_dir, tokenizer = True, None, None
+        model = SimpleNamespace(cfg=SimpleNamespace(max_position_embeddings=1000))
+
+        def encode(self, prompt):
+            return [1]
+
+        def generate(self, prompt, proposer, **kw):
+            return [SimpleNamespace(token_ids=[5], stats=SimpleNamespace(forwards=1, accepted_hist={}),
+                                    finish_reason="stop")]
+
+    def load(cls, *a, **kw):
+        seen.update(kw)
+        return Gen()
+    monkeypatch.setattr(TextGenerator, "load", classmethod(load))
+    monkeypatch.setattr(cli, "planner_for", lambda *a, **k: None)
+    assert cli.main(["hi", "--weights", "q8_0", "--max-new-tokens", "2"], out=io.StringIO(), err=io.StringIO()) == 0
+    assert seen["weights"] == "q8_0"
