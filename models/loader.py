@@ -286,9 +286,9 @@ def load_model(model: Optional[str] = None, backend: Optional[Backend | str] = N
     check_weights(weights)
     device = torch.device(device)
     path = resolve_model_path(model)
-    weights = resolve_weights(weights, path, dtype, device)
     if backend is None or isinstance(backend, str):
         backend = get_backend(backend or ("triton" if device.type == "cuda" else "torch"), device)
+    weights = resolve_weights(weights, path, dtype, device, backend.name)
     if path.suffix == ".gguf":
         cfg, sd, rope_factors, tok = _load_gguf(path, Path(cache_dir))
     else:
@@ -304,17 +304,20 @@ def check_weights(weights: Optional[str]) -> None:
                          f"on a CPU with the kernels, else fp32), got {weights!r}")
 
 
-def resolve_weights(weights: Optional[str], path: Optional[Path], dtype: torch.dtype, device: torch.device) -> str:
-    """``weights`` for a model at ``path`` (None: an in-memory model) on ``device`` in ``dtype``:
-    the default applied, and a clear error where a quantized form cannot run."""
+def resolve_weights(weights: Optional[str], path: Optional[Path], dtype: torch.dtype, device: torch.device,
+                    backend: str = "torch") -> str:
+    """``weights`` for a model at ``path`` (None: an in-memory model) on ``device`` in ``dtype``
+    with the ``backend`` of that name: the default applied (native only with the torch backend,
+    the one of the CPU kernels; the Triton one on a CPU emulates the GPU's path), and a clear
+    error where a quantized form cannot run."""
     from kernels import skinny
 
     check_weights(weights)
     device = torch.device(device)
     kernels = device.type == "cpu" and dtype == torch.float32 and skinny.available()
     if weights is None:
-        return "native" if kernels and path is not None and path.suffix == ".gguf" and _gguf_quantized(path) \
-            else "fp32"
+        return "native" if kernels and backend == "torch" and path is not None and path.suffix == ".gguf" \
+            and _gguf_quantized(path) else "fp32"
     if weights != "fp32" and not kernels:
         why = (f"the x86 CPU kernels are unavailable: {skinny.unavailable_reason()}" if device.type == "cpu"
                and dtype == torch.float32 else f"got device {device.type}, dtype {dtype}")

@@ -134,6 +134,8 @@ def test_the_weights_option():
     from models.loader import default_model_path
     assert resolve_weights(None, default_model_path(), torch.float32, torch.device("cpu")) == "native"
     assert resolve_weights(None, default_model_path(), torch.float32, torch.device("cuda")) == "fp32"
+    # the Triton backend on a CPU emulates the GPU's path: fp32 unless asked
+    assert resolve_weights(None, default_model_path(), torch.float32, torch.device("cpu"), "triton") == "fp32"
 
 
 @pytest.mark.parametrize("entry", ["cli", "bench"])
