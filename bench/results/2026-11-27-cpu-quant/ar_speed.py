@@ -47,9 +47,14 @@ def main():
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     paths = args.weights.split(",")
-    models = {w: load_model(weights=w) for w in paths}
+    models, loads = {}, {}
+    for w in paths:
+        t0 = time.perf_counter()
+        models[w] = load_model(weights=w)
+        loads[w] = time.perf_counter() - t0
     tok = models[paths[0]].tokenizer
-    print(f"threads {args.threads}, {args.new} new tokens, load average {os.getloadavg()[0]:.1f}")
+    print(f"threads {args.threads}, {args.new} new tokens, load average {os.getloadavg()[0]:.1f}; load_model s: "
+          + ", ".join(f"{w} {s:.1f}" for w, s in loads.items()))
     print("| weights | prompt | decode tok/s | output = fp32's |")
     print("|---|---:|---:|---|")
     for i, text in enumerate(PROMPTS):
