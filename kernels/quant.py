@@ -87,20 +87,27 @@ class QuantWeight:
 
 
 def _pack(fmt: str, u: torch.Tensor, d: torch.Tensor, m: Optional[torch.Tensor] = None) -> QuantWeight:
-    """u (N, K) unsigned values in plain order, d / m (N, K / 32) fp16 -> the kernel's panels."""
+    """u (N, K) values in plain order (0..15, or q + 128), d / m (N, K / 32) fp16 -> the kernel's
+    panels (in uint8, written in place: a model's weights pack in seconds)."""
     n, k = u.shape
     nb, p = k // BLOCK, -(-n // PANEL)
-    pad = p * PANEL - n  # zero weights: u = 0 with d = m = 0 (q4_1), u = 128 (q8_0)
-    u = torch.cat([u, torch.full((pad, k), 0 if fmt == "q4_1" else 128, dtype=u.dtype)]) if pad else u
-    scale_rows = [t if not pad else torch.cat([t, torch.zeros(pad, nb, dtype=torch.float16)]) for t in (d, m)
-                  if t is not None]
-    scales = [t.view(p, PANEL, nb).permute(0, 2, 1).contiguous().view(torch.uint8) for t in scale_rows]  # (p, b, 32)
+    qb = PANEL_BLOCK_BYTES[fmt] - (64 if fmt == "q4_1" else 32)  # quant bytes of a panel's block
+    data = torch.empty(p, nb, PANEL_BLOCK_BYTES[fmt], dtype=torch.uint8)
+    if p * PANEL != n:  # the padding rows: zero weights (u = 0 with d = m = 0 for q4_1, u = 128)
+        full = torch.full((p * PANEL, k), 0 if fmt == "q4_1" else 128, dtype=torch.uint8)
+        full[:n] = u
+        u = full
+    u = u.to(torch.uint8)
     if fmt == "q4_1":
         v = u.view(p, PANEL, nb, 2, 4, 4).permute(0, 2, 3, 4, 1, 5)  # (p, b, half, t, row, i)
-        quants = (v[:, :, 0] | (v[:, :, 1] << 4)).reshape(p, nb, 256)
+        torch.bitwise_or(v[:, :, 0], v[:, :, 1] << 4, out=data[:, :, :qb].view(p, nb, 4, PANEL, 4))
     else:
-        quants = u.view(p, PANEL, nb, 8, 4).permute(0, 2, 3, 1, 4).reshape(p, nb, 512)
-    data = torch.cat([quants.to(torch.uint8)] + scales, 2).contiguous()
+        data[:, :, :qb].view(p, nb, 8, PANEL, 4).copy_(u.view(p, PANEL, nb, 8, 4).permute(0, 2, 3, 1, 4))
+    for i, t in enumerate(x for x in (d, m) if x is not None):  # 16 fp16 a block each, after the quants
+        rows = torch.zeros(p * PANEL, nb, dtype=torch.float16)
+        rows[:n] = t
+        data[:, :, qb + 32 * i:qb + 32 * (i + 1)].view(p, nb, 32).copy_(
+            rows.view(p, PANEL, nb).permute(0, 2, 1).contiguous().view(torch.uint8))
     return QuantWeight(fmt, data, n)
 
 
@@ -122,11 +129,11 @@ def pack_gguf(raw, fmt: str, shape: tuple[int, int]) -> QuantWeight:
     d = t[:, :, :2].contiguous().view(torch.float16).view(n, nb)
     if fmt == "q4_1":
         m = t[:, :, 2:4].contiguous().view(torch.float16).view(n, nb)
-        qs = t[:, :, 4:].to(torch.int16)
-        u = torch.cat([qs & 15, qs >> 4], 2).view(n, k)  # element j, j + 16
-        return _pack(fmt, u, d, m)
-    q = t[:, :, 2:].contiguous().view(torch.int8).to(torch.int16).view(n, k)
-    return _pack(fmt, q + 128, d)
+        qs, u = t[:, :, 4:], torch.empty(n, nb, BLOCK, dtype=torch.uint8)
+        torch.bitwise_and(qs, 15, out=u[:, :, :16])  # byte j holds elements j and j + 16
+        torch.bitwise_right_shift(qs, 4, out=u[:, :, 16:])
+        return _pack(fmt, u.view(n, k), d, m)
+    return _pack(fmt, t[:, :, 2:].reshape(n, k) ^ 0x80, d)  # int8 q's bits ^ 0x80 = q + 128 in uint8
 
 
 def quantize_q8_0(weight: torch.Tensor) -> QuantWeight:
@@ -138,7 +145,7 @@ def quantize_q8_0(weight: torch.Tensor) -> QuantWeight:
     blocks = w.reshape(n, k // BLOCK, BLOCK)
     d = blocks.abs().amax(2) / 127
     inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
-    q = _round_away(blocks * inv[:, :, None]).clamp(-127, 127).to(torch.int16).view(n, k)
+    q = _round_away(blocks * inv[:, :, None]).clamp(-127, 127).view(n, k)
     return _pack("q8_0", q + 128, d.to(torch.float16))
 
 
@@ -157,7 +164,7 @@ def quantize_q4_1(weight: torch.Tensor) -> QuantWeight:
     d, m = ((hi - lo) / 15).to(torch.float16), lo.to(torch.float16)
     df = d.float()
     inv = torch.where(df > 0, 1 / df, torch.zeros_like(df))
-    u = _round_away((blocks - m.float()[:, :, None]) * inv[:, :, None]).clamp(0, 15).to(torch.int16).view(n, k)
+    u = _round_away((blocks - m.float()[:, :, None]) * inv[:, :, None]).clamp(0, 15).view(n, k)
     return _pack("q4_1", u, d, m)
 
 

@@ -14,6 +14,7 @@ quantize each step's activations per block too (kernels/quant.py). The default (
 for a GGUF file with quantized tensors where those kernels run, fp32 elsewhere.
 """
 
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -118,7 +119,17 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def _open_gguf(path: Path):
+    """(reader, metadata) of a GGUF file; the last file's are kept (``_open_gguf_once``): reading
+    the header takes seconds (the tokenizer's fields), and a native load reads it twice."""
+    st = path.stat()
+    return _open_gguf_once(str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1)
+def _open_gguf_once(name: str, size: int, mtime_ns: int):
     import gguf
+
+    path = Path(name)
 
     with open(path, "rb") as f:
         magic = f.read(4)
@@ -354,37 +365,87 @@ def _gguf_blocks(path: Path, cfg: ModelConfig) -> dict[str, tuple[str, np.ndarra
     return out
 
 
-def quantize_model(model: Transformer, weights: str, gguf_path: Optional[Path] = None) -> Transformer:
+def quantize_model(model: Transformer, weights: str, gguf_path: Optional[Path] = None,
+                   cache_dir: Optional[Path | str] = None) -> Transformer:
     """Give every layer product and the LM head a block-quantized weight (``weights`` "q8_0" or
     "native": the GGUF file's Q4_1 / Q8_0 blocks where it has them, fused rows of one format,
     else Q8_0 from the fp32 weight); the fp32 product weights are dropped (the embedding stays).
-    "fp32": nothing to do."""
+    "fp32": nothing to do. With ``gguf_path`` and ``cache_dir`` the packed weights are kept in
+    the file's conversion cache entry (packing them takes seconds, reading them back less)."""
     from kernels.quant import pack_gguf, quantize_q8_0
 
     check_weights(weights)
     if weights == "fp32":
         return model
-    blocks = _gguf_blocks(gguf_path, model.cfg) if weights == "native" and gguf_path is not None else {}
-
-    def packed(names: list[str], w: torch.Tensor):
-        parts = [blocks.get(n) for n in names]
-        if all(p is not None for p in parts) and len({p[0] for p in parts}) == 1:
-            return pack_gguf(np.concatenate([p[1] for p in parts]), parts[0][0], tuple(w.shape))
-        return quantize_q8_0(w)
-
+    prods = []  # (key, its Linear (the head: lm_head or None, tied), the HF names of its fused rows)
     for i, layer in enumerate(model.layers):
         a, f = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-        for lin, names in ((layer.wqkv, [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]),
-                           (layer.wo, [a + "o_proj.weight"]),
-                           (layer.w_gate_up, [f + "gate_proj.weight", f + "up_proj.weight"]),
-                           (layer.w_down, [f + "down_proj.weight"])):
-            lin.quantize(packed(names, lin.weight))
-    model.head_quant = packed(["model.embed_tokens.weight" if model.lm_head is None else "lm_head.weight"],
-                              model.head_weight)
+        prods += [(f"layers.{i}.wqkv", layer.wqkv, [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]),
+                  (f"layers.{i}.wo", layer.wo, [a + "o_proj.weight"]),
+                  (f"layers.{i}.w_gate_up", layer.w_gate_up, [f + "gate_proj.weight", f + "up_proj.weight"]),
+                  (f"layers.{i}.w_down", layer.w_down, [f + "down_proj.weight"])]
+    prods.append(("head", model.lm_head, ["model.embed_tokens.weight" if model.lm_head is None else "lm_head.weight"]))
+    cached = None
+    if gguf_path is not None and cache_dir is not None:
+        # v1: the panel layout of kernels/quant.py (another layout, another name)
+        cached = Path(cache_dir) / f"{gguf_path.stem}-{_cache_key(gguf_path)}" / f"{weights}-v1.safetensors"
+    packed = _read_packed(cached) if cached is not None else None
+    if packed is None:
+        blocks = _gguf_blocks(gguf_path, model.cfg) if weights == "native" and gguf_path is not None else {}
+        packed = {}
+        for key, lin, names in prods:
+            w = model.head_weight if key == "head" else lin.weight
+            parts = [blocks.get(n) for n in names]
+            if all(p is not None for p in parts) and len({p[0] for p in parts}) == 1:
+                packed[key] = pack_gguf(np.concatenate([p[1] for p in parts]), parts[0][0], tuple(w.shape))
+            else:
+                packed[key] = quantize_q8_0(w)
+        if cached is not None:
+            _write_packed(cached, packed)
+    for key, lin, _ in prods:
+        if key != "head":
+            lin.quantize(packed[key])
+    model.head_quant = packed["head"]
     if model.lm_head is not None:
         model.lm_head.quantize(model.head_quant)
     model.weights = weights
     return model
+
+
+def _write_packed(path: Path, packed: dict) -> None:
+    """The packed weights into a cache entry (written aside, renamed into place whole); a cache
+    that cannot be written is skipped."""
+    from safetensors.torch import save_file
+
+    if not path.parent.is_dir():
+        return
+    meta = {"weights": json.dumps({k: [w.format, w.n] for k, w in packed.items()})}
+    tmp = path.with_name(path.name + f".partial-{os.getpid()}")
+    try:
+        save_file({k: w.data for k, w in packed.items()}, str(tmp), metadata=meta)
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _read_packed(path: Path) -> Optional[dict]:
+    """The packed weights of a cache entry, or None (none there, or unreadable: packed again)."""
+    from safetensors import safe_open
+
+    from kernels.quant import QuantWeight, check_weight
+
+    if not path.is_file():
+        return None
+    try:
+        with safe_open(str(path), "pt") as f:
+            spec = json.loads(f.metadata()["weights"])
+            out = {k: QuantWeight(fmt, f.get_tensor(k), n) for k, (fmt, n) in spec.items()}
+        for k, w in out.items():
+            check_weight(w, k)
+        return out
+    except Exception as e:  # noqa: BLE001 -- whatever broke the cache, the GGUF file is the truth
+        warnings.warn(f"the packed weights {path} are unreadable ({type(e).__name__}: {str(e)[:200]}); packing again")
+        return None
 
 
 def _finish(cfg, sd, tok, backend, dtype, device, rope_factors, tune, cache_dir, extra_weight_memory,
@@ -392,7 +453,7 @@ def _finish(cfg, sd, tok, backend, dtype, device, rope_factors, tune, cache_dir,
     eos = getattr(tok, "eos_token_id", None)
     if eos is not None and eos not in cfg.eos_token_ids:
         cfg.eos_token_ids = cfg.eos_token_ids + (eos,)
-    built = quantize_model(build_model(cfg, sd, backend, dtype, device, rope_factors), weights, gguf_path)
+    built = quantize_model(build_model(cfg, sd, backend, dtype, device, rope_factors), weights, gguf_path, cache_dir)
     if tune:
         from models.tune import tune_model
         tune_model(built, cache_dir, extra_weight_memory)

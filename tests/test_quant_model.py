@@ -181,3 +181,23 @@ def test_the_cli_passes_weights_to_the_load(monkeypatch):
     monkeypatch.setattr(cli, "planner_for", lambda *a, **k: None)
     assert cli.main(["hi", "--weights", "q8_0", "--max-new-tokens", "2"], out=io.StringIO(), err=io.StringIO()) == 0
     assert seen["weights"] == "q8_0"
+
+
+def test_packed_weights_cache_round_trip_and_a_broken_one_is_packed_again(tmp_path):
+    """The packed weights a GGUF load keeps in its cache entry read back as they were; an
+    unreadable file is reported and ignored (packed again), not an error."""
+    from models import loader
+
+    w = quant.quantize_q8_0(torch.randn(20, 64))
+    q4 = quant.quantize_q4_1(torch.randn(7, 96))
+    path = tmp_path / "native-v1.safetensors"
+    loader._write_packed(path, {"a": w, "b": q4})
+    back = loader._read_packed(path)
+    assert back.keys() == {"a", "b"} and back["b"].format == "q4_1" and back["b"].n == 7
+    assert torch.equal(back["a"].data, w.data) and torch.equal(back["b"].data, q4.data)
+    path.write_bytes(b"not safetensors")
+    with pytest.warns(UserWarning, match="unreadable"):
+        assert loader._read_packed(path) is None
+    assert loader._read_packed(tmp_path / "missing.safetensors") is None
+    loader._write_packed(tmp_path / "no" / "entry.safetensors", {"a": w})  # no entry folder: skipped
+    assert not (tmp_path / "no").exists()
