@@ -299,7 +299,7 @@ def load_model(model: Optional[str] = None, backend: Optional[Backend | str] = N
     path = resolve_model_path(model)
     if backend is None or isinstance(backend, str):
         backend = get_backend(backend or ("triton" if device.type == "cuda" else "torch"), device)
-    weights = resolve_weights(weights, path, dtype, device, backend.name)
+    weights = resolve_weights(weights, path, dtype, device, backend.name, cache_dir)
     if path.suffix == ".gguf":
         cfg, sd, rope_factors, tok = _load_gguf(path, Path(cache_dir))
     else:
@@ -316,7 +316,7 @@ def check_weights(weights: Optional[str]) -> None:
 
 
 def resolve_weights(weights: Optional[str], path: Optional[Path], dtype: torch.dtype, device: torch.device,
-                    backend: str = "torch") -> str:
+                    backend: str = "torch", cache_dir: Optional[Path | str] = None) -> str:
     """``weights`` for a model at ``path`` (None: an in-memory model) on ``device`` in ``dtype``
     with the ``backend`` of that name: the default applied (native only with the torch backend,
     the one of the CPU kernels; the Triton one on a CPU emulates the GPU's path), and a clear
@@ -328,7 +328,7 @@ def resolve_weights(weights: Optional[str], path: Optional[Path], dtype: torch.d
     kernels = device.type == "cpu" and dtype == torch.float32 and skinny.available()
     if weights is None:
         return "native" if kernels and backend == "torch" and path is not None and path.suffix == ".gguf" \
-            and _gguf_quantized(path) else "fp32"
+            and _gguf_quantized(path, cache_dir) else "fp32"
     if weights != "fp32" and not kernels:
         why = (f"the x86 CPU kernels are unavailable: {skinny.unavailable_reason()}" if device.type == "cpu"
                and dtype == torch.float32 else f"got device {device.type}, dtype {dtype}")
@@ -337,13 +337,24 @@ def resolve_weights(weights: Optional[str], path: Optional[Path], dtype: torch.d
     return weights
 
 
-def _gguf_quantized(path: Path) -> bool:
-    """Whether a GGUF file stores some tensor in a quantized type (not F32 / F16 / BF16)."""
+def _gguf_quantized(path: Path, cache_dir: Optional[Path | str] = None) -> bool:
+    """Whether a GGUF file stores some tensor in a quantized type (not F32 / F16 / BF16); the
+    answer is kept in the file's conversion cache entry where there is one (reading the header
+    takes seconds: the tokenizer's fields)."""
     import gguf
 
+    marker = None if cache_dir is None else Path(cache_dir) / f"{path.stem}-{_cache_key(path)}" / "quantized"
+    if marker is not None and marker.is_file():
+        return marker.read_text().strip() == "1"
     reader, _ = _open_gguf(path)
     plain = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
-    return any(t.tensor_type not in plain for t in reader.tensors)
+    quantized = any(t.tensor_type not in plain for t in reader.tensors)
+    if marker is not None and (marker.parent / "done").is_file():
+        try:
+            marker.write_text("1" if quantized else "0")
+        except OSError:
+            pass
+    return quantized
 
 
 def _gguf_blocks(path: Path, cfg: ModelConfig) -> dict[str, tuple[str, np.ndarray]]:
