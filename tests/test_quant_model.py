@@ -1,6 +1,7 @@
 """The model with block-quantized products (models/loader.py ``weights``, kernels/quant.py):
-against a torch reference forward, greedy speculation lossless, the default model's own Q4_1 /
-Q8_0 blocks, and the option's errors.
+against a torch reference forward, greedy speculation token-identical to plain greedy (on these
+models and prompts; the known limit after a tree step is the xfail test at the end), the default
+model's own Q4_1 / Q8_0 blocks, and the option's errors.
 
 Tolerance of the reference forward, stated once: the reference multiplies the same quantized
 activations by the same dequantized weights exactly, so each product differs by fp32 rounding
@@ -77,7 +78,7 @@ def tiny_q8():
 @pytest.mark.parametrize("name", METHODS)
 def test_tiny_greedy_lossless_on_the_quantized_path(tiny_q8, name):
     """Every method's greedy output is plain greedy's, token for token, with quantized products
-    (the rows of a product do not depend on the step: lossless as on the fp32 path)."""
+    (the rows of a product do not depend on the step; for trees see the xfail test below)."""
     ref = [generate(tiny_q8, [p], max_new_tokens=14, eos_token_ids=())[0].output_ids for p in TINY_PROMPTS]
     res = generate(tiny_q8, TINY_PROMPTS, proposer(name, tiny_q8, small=True), max_new_tokens=14, eos_token_ids=())
     assert outputs(res) == ref
@@ -201,3 +202,31 @@ def test_packed_weights_cache_round_trip_and_a_broken_one_is_packed_again(tmp_pa
     assert loader._read_packed(tmp_path / "missing.safetensors") is None
     loader._write_packed(tmp_path / "no" / "entry.safetensors", {"a": w})  # no entry folder: skipped
     assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.xfail(strict=True, reason="known limit: the skinny attention's sums follow the keys' places in the "
+                   "cache, and a tree row's ancestors sit elsewhere than a chain's (docs/DESIGN.md, quantized weights)")
+def test_a_committed_tree_branch_leaves_the_cache_as_a_chain_does(smol_native):
+    """After a long prompt, a tree step whose accepted branch skips a row ([a, x, b], b a child of
+    a) and then a one-token step should give the logits a chain [a, b] gives: with fp32 weights
+    they differ by rounding only (absorbed); quantized activations turn that rounding into other
+    int8 values, and a greedy token can change (bench run-native: suffix and hybrid)."""
+    from bench.data.suite import load_suite
+
+    model, tok = smol_native
+    text = load_suite(tasks="summarization", limit=1)[0]["prompt"]
+    prompt = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True,
+                                     return_dict=False)
+
+    def next_logits(step: StepInput, accepted: list[int]) -> torch.Tensor:
+        runner = ModelRunner(model, cache_tokens=2048, block_size=16)
+        runner.add_sequence(0)
+        runner.step([StepInput(0, prompt)])
+        runner.commit({0: list(range(len(prompt)))})
+        runner.step([step])
+        runner.commit({0: accepted})
+        return runner.step([StepInput(0, [657])])[0][-1]
+
+    chain = next_logits(StepInput(0, [1348, 1941]), [0, 1])
+    tree = next_logits(StepInput(0, [1348, 999, 1941], parents=[-1, 0, 0], depths=[0, 1, 1]), [0, 2])
+    assert torch.equal(chain, tree)
