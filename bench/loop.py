@@ -45,13 +45,16 @@ class Bench:
         self.args, self.memory = args, memory
         self.loads: dict[str, dict] = {}
         backend, dtype = get_backend(args.kernel, args.device), DTYPES[args.dtype]
-        self.model, self.tok = self._load("target", lambda: load_model(args.model, backend, dtype, args.device))
+        weights = getattr(args, "weights", None)
+        self.model, self.tok = self._load("target", lambda: load_model(args.model, backend, dtype, args.device,
+                                                                       weights=weights))
         cfg = self.model.cfg
         self.model_line = f"{args.model} ({cfg.architecture}, {cfg.num_layers} layers, hidden {cfg.hidden_size})"
         print(f"loaded: {self.model_line}", flush=True)
         self.draft = None
         if any(m.startswith("draft") for m in args.methods):
-            draft = self._load("draft", lambda: load_model(args.draft_model, backend, dtype, args.device))
+            draft = self._load("draft", lambda: load_model(args.draft_model, backend, dtype, args.device,
+                                                           weights=weights))
             self.draft = draft.model
             # the vocabularies themselves (token -> id), now: before anything is generated
             same_tokenizer(self.tok, draft.tokenizer, f"--model {args.model}", f"--draft-model {args.draft_model}")

@@ -191,6 +191,8 @@ def header(args, device_name: str, memory_kind: str) -> dict:
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "command": " ".join(["python bench/run.py"] + sys.argv[1:]),
         "device": device_name, "dtype": args.dtype,
+        # replaced by the loaded model's once it loads (the default depends on the file)
+        "weights": args.weights or "default (native for a quantized GGUF file on a CPU with the kernels, else fp32)",
         "kernel": args.kernel + (" (Triton interpreter on the CPU: kernels are emulated, timings say nothing "
                                  "about Triton speed)" if args.interpreted else ""),
         "model": args.model,
@@ -261,6 +263,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)  # checked at parse time; made before anything is measured
     bench = Bench(args, memory)
     head["model"] = bench.model_line
+    head["weights"] = bench.model.weights
     head["model loads"] = bench.loads_line()  # wall time and memory peak of each load
     head["loads"] = bench.loads
     from models.tune import describe

@@ -29,6 +29,10 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="kernel backend (default: triton on a GPU, torch on a CPU)")
     p.add_argument("--device", default="cuda" if gpu else "cpu", help="cpu, cuda or cuda:N (default: cuda if present)")
     p.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="default: float32 on CPU, bfloat16 on GPU")
+    p.add_argument("--weights", default=None, choices=("fp32", "q8_0", "native"),
+                   help="the products' weights: fp32, q8_0 (every product weight quantized to Q8_0) or native (a "
+                        "GGUF file's own Q4_1 / Q8_0 blocks, Q8_0 for the rest); the quantized forms need an x86 CPU "
+                        "in float32 (default: native for a quantized GGUF file there, else fp32)")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="replay decoding steps from CUDA graphs (needs --device cuda and --kernel triton; "
                         "models/graphs.py)")
@@ -88,6 +92,12 @@ def check(args: argparse.Namespace, methods: list[str], draft_elsewhere: bool = 
     gpu = dev.startswith("cuda")
     args.kernel = args.kernel or ("triton" if gpu else "torch")
     args.dtype = args.dtype or ("bfloat16" if gpu else "float32")
+    if getattr(args, "weights", None) not in (None, "fp32"):
+        from models.loader import resolve_weights
+        try:
+            resolve_weights(args.weights, None, DTYPES[args.dtype], torch.device(dev))
+        except ValueError as e:
+            raise ValueError(f"--weights {args.weights}: {e}") from None
     if getattr(args, "cuda_graphs", False) and not (gpu and args.kernel == "triton"):
         raise ValueError(f"--cuda-graphs needs --device cuda and --kernel triton, got --device {dev} "
                          f"--kernel {args.kernel}")

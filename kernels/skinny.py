@@ -26,7 +26,8 @@ kernels the same code). The CPU's flags (``/proc/cpuinfo``) choose the widest it
 time both in one run). The two builds round differently (the products sum 8 or 16 lanes at a
 time); each keeps a row's result independent of its step. Without a compiler or on another
 CPU, ``available()`` is False with ``unavailable_reason()`` and models/tune.py does not offer
-the form; ``SPECDEC_SKINNY=0`` turns it off. fp32 only.
+the form; ``SPECDEC_SKINNY=0`` turns it off. fp32 only here; the products with Q4_1 / Q8_0
+weights (``cpu/quant_gemm.c``) are in the same library, launched by kernels/quant.py.
 
 The library also measures the machine's roofline (``cpu/roofline.c``): the peak FMA rate at
 256 and 512 bits and the memory read bandwidth, every thread at once (``fma_peak_gflops``,
@@ -49,7 +50,7 @@ from kernels import cbuild
 
 SOURCES = [Path(__file__).with_name("cpu") / f for f in ("skinny_gemm.c", "skinny_attention.c", "prefill_attention.c",
                                                                        "skinny_elementwise.c", "skinny_layers.c",
-                                                                       "skinny_reduce.c", "roofline.c")]
+                                                                       "skinny_reduce.c", "roofline.c", "quant_gemm.c")]
 HEADERS = [Path(__file__).with_name("cpu") / "skinny_common.h"]  # in the build hash, not on the command line
 # -ffp-contract=off: a product and a sum written apart stay apart (the RoPE kernel matches torch bit for bit)
 FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
@@ -114,9 +115,15 @@ def _chosen_isa() -> tuple[Optional[str], Optional[str]]:
 
 
 def _extra_flags(isa: str) -> list[str]:
-    """Optional extensions of an instruction set this CPU has: AVX512-BF16 for the LM head's
-    screen (``head_topk``); without it the build has no screen and the head is multiplied out."""
-    return ["-mavx512bf16"] if isa == "avx512" and "avx512_bf16" in cpu_flags() else []
+    """Optional extensions this CPU has: F16C for the quantized products' fp16 scales (else
+    converted by their bits); with AVX-512, AVX512-BF16 for the LM head's screen (``head_topk``;
+    without it the build has no screen and the head is multiplied out) and AVX512-VNNI for the
+    quantized products' integer dot products (kernels/quant.py; without it maddubs + madd)."""
+    flags = cpu_flags()
+    extra = ["-mf16c"] if "f16c" in flags else []
+    if isa == "avx512":
+        extra += [f"-m{f.replace('_', '')}" for f in ("avx512_bf16", "avx512_vnni") if f in flags]
+    return extra
 
 
 def _build(isa: str) -> tuple[ctypes.CDLL, str]:
@@ -162,6 +169,14 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.skinny_head_topk.restype = ctypes.c_int
     lib.skinny_head_available.argtypes = []
     lib.skinny_head_available.restype = ctypes.c_int
+    lib.quant_linear.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int] + [ctypes.c_void_p] * 3
+                                 + [ctypes.c_int64] * 3 + [ctypes.c_int])
+    lib.quant_linear.restype = ctypes.c_int
+    lib.quant_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                               ctypes.c_void_p]
+    lib.quant_rows.restype = None
+    lib.quant_vnni.argtypes = []
+    lib.quant_vnni.restype = ctypes.c_int
     lib.roofline_fma_peak.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int]
     lib.roofline_fma_peak.restype = ctypes.c_double
     lib.roofline_read_bandwidth.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
@@ -496,9 +511,11 @@ def rope_unchecked(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads:
 
 # ---- the whole stack of decoder layers in one call (cpu/skinny_layers.c) ------------------------
 class LayerPtrs(ctypes.Structure):
-    """One layer's weights and cache pools, as ``skinny_layer`` in cpu/skinny_layers.c."""
+    """One layer's weights and cache pools, as ``skinny_layer`` in cpu/skinny_layers.c: ``fmt``
+    per product (qkv, o, gate_up, down) 0 for an fp32 weight, else kernels/quant.py's
+    ``FORMATS`` code of its packed panels."""
     _fields_ = [(n, ctypes.c_void_p) for n in ("attn_norm", "wqkv", "bqkv", "wo", "mlp_norm", "w_gate_up", "w_down",
-                                                "k_cache", "v_cache")]
+                                                "k_cache", "v_cache")] + [("fmt", ctypes.c_int32 * 4)]
 
 
 class StepArgs(ctypes.Structure):

@@ -5,7 +5,8 @@ forward by ``plan_step`` instead of once per layer (30 times for the default mod
 ``tree_attention_ref`` and ``kv_store_ref`` stay the readable definitions (layout:
 ``kernels/__init__``); tests hold this path to them. On an x86 CPU in fp32 a sequence's step of
 at most ``SMALL_ROWS`` rows is attended by the skinny C kernel (kernels/skinny.py: reads the
-paged blocks in place, no gather, no SDPA call per sequence); a prompt's rows under the causal
+paged blocks in place, no gather, no SDPA call per sequence), and so is a tree step of any size
+(its rows then do not depend on the step's size); a prompt's rows under the causal
 rule (with or without a committed prefix) by the prefill kernel (``skinny.prefill_attention``,
 1.3-2.3x SDPA's speed on the default model's shape: bench/results/2026-11-27-cpu-prefill-kernel/
 NOTES.md); other dtypes, devices and masks by SDPA.
@@ -88,7 +89,10 @@ def plan_step(cu_seqlens_q: torch.Tensor, positions: torch.Tensor, block_tables:
             in_window = (q_pos[:, None] - k_pos[None, :]) < window
             vis = in_window if vis is None else vis & in_window
         cpu_ids = torch.tensor(row, dtype=torch.int32) if dev.type == "cpu" else None
-        ids = cpu_ids if T <= SMALL_ROWS else None
+        # a tree step of any size too: its rows must not depend on the step's size (the skinny
+        # kernel's do, bit for bit; SDPA rounds otherwise), or greedy speculation could differ
+        # from plain greedy decoding; quantized products amplify a rounding into a changed token
+        ids = cpu_ids if T <= SMALL_ROWS or not is_causal[b] else None
         prefill = cpu_ids if is_causal[b] and T > 1 and window is None else None
         seqs.append(SeqPlan(s, e, L, first, blocks, n_blk, None if vis is None else vis.contiguous(), sdpa_causal, ids,
                             prefill))

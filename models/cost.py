@@ -218,7 +218,10 @@ def _key(model, context: int) -> dict:
             # the CPU kernels' build (kernels/skinny.py): new kernels, new costs
             "kernels": skinny.build_tag() if model.device.type == "cpu" else None,
             # greedy steps' LM head: screened in bf16 (the logits not multiplied out) or not
-            "head_screen": model.head_screen() is not None}
+            "head_screen": model.head_screen() is not None,
+            # block-quantized products (models/loader.py ``weights``); absent for fp32, so that the
+            # curves cached before the option existed still match
+            **({} if (w := getattr(model, "weights", "fp32")) == "fp32" else {"weights": w})}
 
 
 def step_cost(model, cache_dir: Path | str, context: int = 256, reps: int = 3, measure=None, probe=None,

@@ -16,6 +16,10 @@ Forms:
   * ``skinny``  kernels/skinny.py: a hand-written AVX2 / AVX-512 kernel for few rows on W itself (x86 CPU,
                 fp32, built with the system C compiler; offered only where it builds). A row's
                 result does not depend on the step's rows.
+
+A ``Linear`` given a block-quantized weight (``Linear.quantize``: Q4_1 / Q8_0 for the x86 CPU
+kernels of kernels/quant.py, models/loader.py's ``weights``) has one form, that kernel: its fp32
+weight is dropped (left on the meta device, for its shape) and nothing tunes it.
 """
 
 from dataclasses import dataclass, field
@@ -25,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.quant import QuantWeight, quant_linear
 from kernels.skinny import skinny_linear
 
 # row counts a table has a form for (more: the last); 256 stands for prefill chunks, where the
@@ -77,9 +82,23 @@ def product(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, same state dict) whose product follows ``self.plan``."""
+    """``nn.Linear`` (same parameters, same state dict) whose product follows ``self.plan``, or
+    with a quantized weight (``quant``) kernels/quant.py's product."""
 
     plan: Optional[ProductPlan] = None
+    quant: Optional[QuantWeight] = None
+
+    def quantize(self, weight: QuantWeight) -> None:
+        """Multiply by ``weight`` (this product's weight, packed) from now on; the fp32 weight is
+        dropped (a meta tensor keeps its shape) and the plan with it."""
+        if weight.shape != tuple(self.weight.shape):
+            raise ValueError(f"weight must be {tuple(self.weight.shape)} (out, in), got {weight.shape}")
+        self.quant, self.plan = weight, None
+        # registered, so models/llama.py's whole-stack path sees the change and walks the layers again
+        self.register_buffer("qdata", weight.data, persistent=False)
+        self.weight = nn.Parameter(torch.empty(self.weight.shape, device="meta"), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quant is not None:
+            return quant_linear(x, self.quant, self.bias)
         return product(x, self.weight, self.bias, self.plan)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import elementwise, skinny
+from kernels import elementwise, quant, skinny
 from kernels.backend import Backend, StepMeta
 from kernels.norm import rms_norm as fused_rms_norm
 from kernels.torch_plan import StepPlan
@@ -155,6 +155,10 @@ class Transformer(nn.Module):
     # set by models.cost.emulate_step_cost); None = the machine's own speed. Declared here, like
     # the graphs' options: per-model run-time settings the runner reads, not hidden state
     emulated_cost = None
+    # the weights' form (models/loader.py ``weights``): "fp32", or "q8_0" / "native" for products
+    # with block-quantized weights (each Linear's ``quant``, the LM head's ``head_quant``)
+    weights = "fp32"
+    head_quant: Optional[quant.QuantWeight] = None
 
     def __init__(self, cfg: ModelConfig, backend: Backend):
         super().__init__()
@@ -203,15 +207,19 @@ class Transformer(nn.Module):
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """The logits (R, vocab) fp32 of the final norm's rows h (R, hidden)."""
+        if self.head_quant is not None:
+            return quant.quant_linear(h, self.head_quant)
         return product(h, self.head_weight, None, self.head_plan).float()
 
     def head_screen(self) -> Optional[skinny.HeadScreen]:
         """The LM head's bf16 screen (kernels/skinny.py ``head_topk``: the greedy top-k of the
         logits without computing them) where the active CPU build has one and the head is fp32
-        on the CPU; built on first use and again after the weight changed. None elsewhere, or
-        with ``SPECDEC_HEAD_SCREEN=0``."""
+        on the CPU; built on first use and again after the weight changed. None elsewhere (a
+        quantized head among them: greedy steps take the argmax of its logits), or with
+        ``SPECDEC_HEAD_SCREEN=0``."""
         w = self.head_weight
-        if (os.environ.get("SPECDEC_HEAD_SCREEN", "1") == "0" or w.device.type != "cpu" or w.dtype != torch.float32
+        if (os.environ.get("SPECDEC_HEAD_SCREEN", "1") == "0" or self.head_quant is not None
+                or w.device.type != "cpu" or w.dtype != torch.float32
                 or not w.is_contiguous() or not skinny.head_available()):
             return None
         screen = self.__dict__.get("_head_screen")
@@ -223,7 +231,8 @@ class Transformer(nn.Module):
         """Every layer in one C call (kernels/cpu/skinny_layers.c: the same kernels in the same
         order as ``Block.forward``, bit for bit) when each piece of the step would go to the skinny
         CPU kernels anyway: fp32 on x86, the torch backend's plan with the C attention for every
-        sequence, every product planned ``skinny`` at this step's rows. Updates h in place;
+        sequence, every product planned ``skinny`` at this step's rows or quantized (one form).
+        Updates h in place;
         False: nothing was done, use the per-op path."""
         cfg = self.cfg
         if not (isinstance(plan, StepPlan) and _skinny_ok(h) and k_cache.dtype == torch.float32
@@ -233,11 +242,11 @@ class Transformer(nn.Module):
         if any(sp.block_ids is None or sp.causal for sp in plan.seqs):
             return False
         b = bucket(h.shape[0])
-        lins, tensors = self._stack_parts()
+        lins, tensors, fmts = self._stack_parts()
         for lin in lins:
-            if lin.plan is None or lin.plan.table[b] != "skinny":
+            if lin.quant is None and (lin.plan is None or lin.plan.table[b] != "skinny"):
                 return False
-        ptrs = self._layer_ptrs(tensors, k_cache, v_cache)
+        ptrs = self._layer_ptrs(tensors, fmts, k_cache, v_cache)
         seqs = plan.seqs
         seq_start = torch.tensor([sp.start for sp in seqs] + [seqs[-1].end], dtype=torch.int32)
         seq_len = torch.tensor([sp.length for sp in seqs], dtype=torch.int64)
@@ -258,15 +267,21 @@ class Transformer(nn.Module):
         ``.data`` or ``.to()``, shows in its pointer: ``_layer_ptrs`` checks those every step)."""
         parts = self.__dict__.get("_parts")
         if parts is None or parts[0] != _registrations:
-            lins, tensors = [], []
-            for layer in self.layers:
-                lins += [layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down]
-                tensors += [layer.attn_norm, layer.wqkv.weight, layer.wqkv.bias, layer.wo.weight, layer.mlp_norm,
-                            layer.w_gate_up.weight, layer.w_down.weight]
-            parts = self.__dict__["_parts"] = (_registrations, lins, tensors)
-        return parts[1], parts[2]
+            lins, tensors, fmts = [], [], []
 
-    def _layer_ptrs(self, weights: list, k_cache, v_cache):
+            def w(lin):  # a quantized product's packed panels, else its fp32 weight
+                return lin.weight if lin.quant is None else lin.quant.data
+
+            for layer in self.layers:
+                prods = [layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down]
+                lins += prods
+                tensors += [layer.attn_norm, w(layer.wqkv), layer.wqkv.bias, w(layer.wo), layer.mlp_norm,
+                            w(layer.w_gate_up), w(layer.w_down)]
+                fmts.append([0 if lin.quant is None else quant.FORMATS[lin.quant.format] for lin in prods])
+            parts = self.__dict__["_parts"] = (_registrations, lins, tensors, fmts)
+        return parts[1], parts[2], parts[3]
+
+    def _layer_ptrs(self, weights: list, fmts: list, k_cache, v_cache):
         """The ctypes array of every layer's weight and cache pointers, rebuilt when one moved."""
         tensors = [k_cache, v_cache] + weights
         # the cache's shape too: a new cache at a freed one's address may hold another number of blocks
@@ -278,7 +293,8 @@ class Transformer(nn.Module):
         arr = (skinny.LayerPtrs * len(self.layers))()
         for i, layer in enumerate(self.layers):
             w = key[2 + 7 * i: 9 + 7 * i]
-            arr[i] = skinny.LayerPtrs(*[p or None for p in w], kb + i * per, vb + i * per)
+            arr[i] = skinny.LayerPtrs(*[p or None for p in w], kb + i * per, vb + i * per,
+                                      (ctypes.c_int32 * 4)(*fmts[i]))
         self._ptrs_cache = (key, arr)
         return arr
 

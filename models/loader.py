@@ -3,8 +3,18 @@
 GGUF weights are dequantised once and cached (safetensors + tokenizer folder) under
 ``cache_dir`` so that later loads take a few seconds. Hugging Face code is used only for the
 tokenizer and chat template; the forward is ours (models/llama.py).
+
+``weights`` chooses the form of the layers' and the LM head's products (``WEIGHTS``):
+  * ``"fp32"``:   the dequantised fp32 weights (every device and dtype);
+  * ``"q8_0"``:   every product weight quantized to Q8_0 (blocks of 32, kernels/quant.py);
+  * ``"native"``: a GGUF file's own Q4_1 / Q8_0 blocks, bit for bit its weights, and Q8_0 for
+                  any product weight stored otherwise (an HF folder: all of them).
+The quantized forms need the x86 CPU kernels (fp32 on the CPU, kernels/skinny.py builds) and
+quantize each step's activations per block too (kernels/quant.py). The default (None): native
+for a GGUF file with quantized tensors where those kernels run, fp32 elsewhere.
 """
 
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -24,6 +34,7 @@ from models.config import ModelConfig
 from models.llama import Transformer, rope_inv_freq
 from models.machine import DEFAULT_CACHE_DIR  # noqa: F401 -- also where callers found it
 
+WEIGHTS = ("fp32", "q8_0", "native")
 DEFAULT_MODEL = "smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -108,7 +119,17 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def _open_gguf(path: Path):
+    """(reader, metadata) of a GGUF file; the last file's are kept (``_open_gguf_once``): reading
+    the header takes seconds (the tokenizer's fields), and a native load reads it twice."""
+    st = path.stat()
+    return _open_gguf_once(str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1)
+def _open_gguf_once(name: str, size: int, mtime_ns: int):
     import gguf
+
+    path = Path(name)
 
     with open(path, "rb") as f:
         magic = f.read(4)
@@ -263,30 +284,187 @@ class LoadedModel(NamedTuple):
 def load_model(model: Optional[str] = None, backend: Optional[Backend | str] = None,
                dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                cache_dir: Path | str = DEFAULT_CACHE_DIR, tune: bool = True,
-               extra_weight_memory: str = "auto") -> LoadedModel:
+               extra_weight_memory: str = "auto", weights: Optional[str] = None) -> LoadedModel:
     """``model``: None / "smollm2" (the embedded default), a .gguf file or an HF folder.
     ``backend``: a Backend or its name; None = the Triton kernels on a CUDA device, the torch
     references elsewhere. ``tune``: issue every matrix product in the form measured fastest on
     this device (models/tune.py; measured once, cached under ``cache_dir``);
-    ``extra_weight_memory``: whether that may keep a second, packed copy of the weights."""
+    ``extra_weight_memory``: whether that may keep a second, packed copy of the weights.
+    ``weights``: "fp32", "q8_0" or "native" (the module's docstring); None = native for a
+    quantized GGUF file where the CPU kernels run, else fp32."""
     from kernels.backend import get_backend
 
+    check_weights(weights)
     device = torch.device(device)
+    path = resolve_model_path(model)
     if backend is None or isinstance(backend, str):
         backend = get_backend(backend or ("triton" if device.type == "cuda" else "torch"), device)
-    path = resolve_model_path(model)
+    weights = resolve_weights(weights, path, dtype, device, backend.name, cache_dir)
     if path.suffix == ".gguf":
         cfg, sd, rope_factors, tok = _load_gguf(path, Path(cache_dir))
     else:
         cfg, sd, rope_factors, tok = _load_hf_folder(path)
-    return _finish(cfg, sd, tok, backend, dtype, device, rope_factors, tune, cache_dir, extra_weight_memory)
+    return _finish(cfg, sd, tok, backend, dtype, device, rope_factors, tune, cache_dir, extra_weight_memory,
+                   weights, path if path.suffix == ".gguf" else None)
 
 
-def _finish(cfg, sd, tok, backend, dtype, device, rope_factors, tune, cache_dir, extra_weight_memory) -> LoadedModel:
+def check_weights(weights: Optional[str]) -> None:
+    """A clear error for a ``weights`` that is not one of ``WEIGHTS`` (or None)."""
+    if weights is not None and weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHTS)} (or None: native for a quantized GGUF file "
+                         f"on a CPU with the kernels, else fp32), got {weights!r}")
+
+
+def resolve_weights(weights: Optional[str], path: Optional[Path], dtype: torch.dtype, device: torch.device,
+                    backend: str = "torch", cache_dir: Optional[Path | str] = None) -> str:
+    """``weights`` for a model at ``path`` (None: an in-memory model) on ``device`` in ``dtype``
+    with the ``backend`` of that name: the default applied (native only with the torch backend,
+    the one of the CPU kernels; the Triton one on a CPU emulates the GPU's path), and a clear
+    error where a quantized form cannot run."""
+    from kernels import skinny
+
+    check_weights(weights)
+    device = torch.device(device)
+    kernels = device.type == "cpu" and dtype == torch.float32 and skinny.available()
+    if weights is None:
+        return "native" if kernels and backend == "torch" and path is not None and path.suffix == ".gguf" \
+            and _gguf_quantized(path, cache_dir) else "fp32"
+    if weights != "fp32" and not kernels:
+        why = (f"the x86 CPU kernels are unavailable: {skinny.unavailable_reason()}" if device.type == "cpu"
+               and dtype == torch.float32 else f"got device {device.type}, dtype {dtype}")
+        raise ValueError(f"weights={weights!r} needs fp32 on the CPU with the x86 CPU kernels ({why}); "
+                         "use weights='fp32'")
+    return weights
+
+
+def _gguf_quantized(path: Path, cache_dir: Optional[Path | str] = None) -> bool:
+    """Whether a GGUF file stores some tensor in a quantized type (not F32 / F16 / BF16); the
+    answer is kept in the file's conversion cache entry where there is one (reading the header
+    takes seconds: the tokenizer's fields)."""
+    import gguf
+
+    marker = None if cache_dir is None else Path(cache_dir) / f"{path.stem}-{_cache_key(path)}" / "quantized"
+    if marker is not None and marker.is_file():
+        return marker.read_text().strip() == "1"
+    reader, _ = _open_gguf(path)
+    plain = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
+    quantized = any(t.tensor_type not in plain for t in reader.tensors)
+    if marker is not None and (marker.parent / "done").is_file():
+        try:
+            marker.write_text("1" if quantized else "0")
+        except OSError:
+            pass
+    return quantized
+
+
+def _gguf_blocks(path: Path, cfg: ModelConfig) -> dict[str, tuple[str, np.ndarray]]:
+    """HF name -> (format, its rows' block bytes (N, bytes a row)) of the file's Q4_1 / Q8_0
+    tensors, q / k rows in Hugging Face's rotary layout (whole rows moved: blocks run along K)."""
+    import gguf
+
+    kinds = {gguf.GGMLQuantizationType.Q4_1: "q4_1", gguf.GGMLQuantizationType.Q8_0: "q8_0"}
+    reader, _ = _open_gguf(path)
+    out = {}
+    for t in reader.tensors:
+        name = _gguf_name(t.name)
+        if t.tensor_type not in kinds or name is None or len(t.shape) != 2:
+            continue
+        rows = np.asarray(t.data).reshape(int(t.shape[1]), -1)
+        if cfg.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            rows = _unpermute(rows, cfg.num_heads if "q_proj" in name else cfg.num_kv_heads)
+        out[name] = (kinds[t.tensor_type], rows)
+    return out
+
+
+def quantize_model(model: Transformer, weights: str, gguf_path: Optional[Path] = None,
+                   cache_dir: Optional[Path | str] = None) -> Transformer:
+    """Give every layer product and the LM head a block-quantized weight (``weights`` "q8_0" or
+    "native": the GGUF file's Q4_1 / Q8_0 blocks where it has them, fused rows of one format,
+    else Q8_0 from the fp32 weight); the fp32 product weights are dropped (the embedding stays).
+    "fp32": nothing to do. With ``gguf_path`` and ``cache_dir`` the packed weights are kept in
+    the file's conversion cache entry (packing them takes seconds, reading them back less)."""
+    from kernels.quant import pack_gguf, quantize_q8_0
+
+    check_weights(weights)
+    if weights == "fp32":
+        return model
+    prods = []  # (key, its Linear (the head: lm_head or None, tied), the HF names of its fused rows)
+    for i, layer in enumerate(model.layers):
+        a, f = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        prods += [(f"layers.{i}.wqkv", layer.wqkv, [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]),
+                  (f"layers.{i}.wo", layer.wo, [a + "o_proj.weight"]),
+                  (f"layers.{i}.w_gate_up", layer.w_gate_up, [f + "gate_proj.weight", f + "up_proj.weight"]),
+                  (f"layers.{i}.w_down", layer.w_down, [f + "down_proj.weight"])]
+    prods.append(("head", model.lm_head, ["model.embed_tokens.weight" if model.lm_head is None else "lm_head.weight"]))
+    cached = None
+    if gguf_path is not None and cache_dir is not None:
+        # v1: the panel layout of kernels/quant.py (another layout, another name)
+        cached = Path(cache_dir) / f"{gguf_path.stem}-{_cache_key(gguf_path)}" / f"{weights}-v1.safetensors"
+    packed = _read_packed(cached) if cached is not None else None
+    if packed is None:
+        blocks = _gguf_blocks(gguf_path, model.cfg) if weights == "native" and gguf_path is not None else {}
+        packed = {}
+        for key, lin, names in prods:
+            w = model.head_weight if key == "head" else lin.weight
+            parts = [blocks.get(n) for n in names]
+            if all(p is not None for p in parts) and len({p[0] for p in parts}) == 1:
+                packed[key] = pack_gguf(np.concatenate([p[1] for p in parts]), parts[0][0], tuple(w.shape))
+            else:
+                packed[key] = quantize_q8_0(w)
+        if cached is not None:
+            _write_packed(cached, packed)
+    for key, lin, _ in prods:
+        if key != "head":
+            lin.quantize(packed[key])
+    model.head_quant = packed["head"]
+    if model.lm_head is not None:
+        model.lm_head.quantize(model.head_quant)
+    model.weights = weights
+    return model
+
+
+def _write_packed(path: Path, packed: dict) -> None:
+    """The packed weights into a cache entry (written aside, renamed into place whole); a cache
+    that cannot be written is skipped."""
+    from safetensors.torch import save_file
+
+    if not path.parent.is_dir():
+        return
+    meta = {"weights": json.dumps({k: [w.format, w.n] for k, w in packed.items()})}
+    tmp = path.with_name(path.name + f".partial-{os.getpid()}")
+    try:
+        save_file({k: w.data for k, w in packed.items()}, str(tmp), metadata=meta)
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _read_packed(path: Path) -> Optional[dict]:
+    """The packed weights of a cache entry, or None (none there, or unreadable: packed again)."""
+    from safetensors import safe_open
+
+    from kernels.quant import QuantWeight, check_weight
+
+    if not path.is_file():
+        return None
+    try:
+        with safe_open(str(path), "pt") as f:
+            spec = json.loads(f.metadata()["weights"])
+            out = {k: QuantWeight(fmt, f.get_tensor(k), n) for k, (fmt, n) in spec.items()}
+        for k, w in out.items():
+            check_weight(w, k)
+        return out
+    except Exception as e:  # noqa: BLE001 -- whatever broke the cache, the GGUF file is the truth
+        warnings.warn(f"the packed weights {path} are unreadable ({type(e).__name__}: {str(e)[:200]}); packing again")
+        return None
+
+
+def _finish(cfg, sd, tok, backend, dtype, device, rope_factors, tune, cache_dir, extra_weight_memory,
+            weights: str = "fp32", gguf_path: Optional[Path] = None) -> LoadedModel:
     eos = getattr(tok, "eos_token_id", None)
     if eos is not None and eos not in cfg.eos_token_ids:
         cfg.eos_token_ids = cfg.eos_token_ids + (eos,)
-    built = build_model(cfg, sd, backend, dtype, device, rope_factors)
+    built = quantize_model(build_model(cfg, sd, backend, dtype, device, rope_factors), weights, gguf_path, cache_dir)
     if tune:
         from models.tune import tune_model
         tune_model(built, cache_dir, extra_weight_memory)
@@ -296,15 +474,18 @@ def _finish(cfg, sd, tok, backend, dtype, device, rope_factors, tune, cache_dir,
 def from_hf(hf_model, tokenizer=None, *, backend: Optional[Backend | str] = None,
             dtype: Optional[torch.dtype] = None, device: Optional[torch.device | str] = None,
             tune: bool = False, cache_dir: Path | str = DEFAULT_CACHE_DIR,
-            extra_weight_memory: str = "auto") -> LoadedModel:
+            extra_weight_memory: str = "auto", weights: str = "fp32") -> LoadedModel:
     """Our model from an in-memory transformers ``LlamaForCausalLM``, ``MistralForCausalLM`` or
     ``Qwen2ForCausalLM``. The transformers model is read once and not used afterwards.
 
     ``dtype`` / ``device`` default to the transformers model's; ``backend`` as in
     ``load_model``; ``tune`` (off by default here: a quick experiment rarely wants the ~6 s
     measurement) as in ``load_model``. ``tokenizer`` is passed through to the result and its EOS
-    token, like the model's generation config's, ends generation."""
+    token, like the model's generation config's, ends generation. ``weights``: "fp32" (the
+    default here) or "q8_0" / "native" (the same here: Q8_0 products), as in ``load_model``."""
     from kernels.backend import get_backend
+
+    check_weights(weights)
 
     if not hasattr(hf_model, "config") or not hasattr(hf_model, "state_dict"):
         raise ValueError(f"from_hf takes a transformers model, got {type(hf_model).__name__}")
@@ -316,6 +497,7 @@ def from_hf(hf_model, tokenizer=None, *, backend: Optional[Backend | str] = None
         raise ValueError("the transformers model has weights on the meta device (offloaded or not loaded yet)")
     dtype = dtype or param.dtype
     device = torch.device(device) if device is not None else param.device
+    weights = resolve_weights(weights or "fp32", None, dtype, device)
     if backend is None or isinstance(backend, str):
         backend = get_backend(backend or ("triton" if device.type == "cuda" else "torch"), device)
     gen_eos = getattr(getattr(hf_model, "generation_config", None), "eos_token_id", None)
@@ -324,4 +506,4 @@ def from_hf(hf_model, tokenizer=None, *, backend: Optional[Backend | str] = None
             cfg.eos_token_ids = cfg.eos_token_ids + (int(e),)
     with torch.no_grad():
         sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
-    return _finish(cfg, sd, tokenizer, backend, dtype, device, None, tune, cache_dir, extra_weight_memory)
+    return _finish(cfg, sd, tokenizer, backend, dtype, device, None, tune, cache_dir, extra_weight_memory, weights)

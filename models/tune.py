@@ -62,14 +62,16 @@ def _timer(fn, reps: int) -> float:
 
 
 def _products(model) -> list[tuple[str, torch.Tensor, Optional[torch.Tensor], Callable[[ProductPlan], None]]]:
-    """(name, weight, bias, set_plan) for every product of the forward, the LM head included."""
+    """(name, weight, bias, set_plan) for every product of the forward with an fp32 weight, the
+    LM head included; a quantized product (``Linear.quant``, ``head_quant``) has one form."""
     from models.linear import Linear
 
     out = []
     for name, mod in model.named_modules():
-        if isinstance(mod, Linear) and mod is not model.lm_head:
+        if isinstance(mod, Linear) and mod is not model.lm_head and mod.quant is None:
             out.append((name, mod.weight, mod.bias, lambda p, m=mod: setattr(m, "plan", p)))
-    out.append(("head", model.head_weight, None, lambda p: setattr(model, "head_plan", p)))
+    if getattr(model, "head_quant", None) is None:
+        out.append(("head", model.head_weight, None, lambda p: setattr(model, "head_plan", p)))
     return out
 
 
@@ -88,6 +90,8 @@ def tune_model(model, cache_dir: Path | str, extra_weight_memory: str = "auto", 
     if stack_timer is not None and not callable(stack_timer):
         raise ValueError(f"stack_timer must be None or a callable (fn, reps) -> seconds, got {stack_timer!r}")
     prods = _products(model)
+    if not prods:  # every product quantized: nothing to choose
+        return {}
     dev, dtype = model.device, model.dtype
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     packed_ok = (dev.type == "cpu" and torch.backends.mkldnn.is_available()
@@ -240,6 +244,11 @@ def describe(model) -> str:
     plans = [p for p in (getattr(m, "plan", None) for m in model.modules()) if p is not None]
     if model.head_plan is not None:
         plans.append(model.head_plan)
+    weights = getattr(model, "weights", "fp32")
+    if weights != "fp32":  # one form: kernels/quant.py
+        formats = sorted({m.quant.format for m in model.modules() if getattr(m, "quant", None) is not None})
+        return (f"quantized weights ({weights}: layers {'/'.join(formats)}, LM head {model.head_quant.format}), "
+                "every product kernels/quant.py's")
     if not plans:
         return "untuned (every product plain F.linear)"
     parts = []

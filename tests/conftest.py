@@ -56,10 +56,11 @@ REAL_PROMPTS = [
 
 @pytest.fixture(scope="session")
 def smol():
-    """The embedded default model with the torch backend (fp32, CPU) and its tokenizer."""
+    """The embedded default model with the torch backend (fp32, CPU) and its tokenizer (the
+    quantized path, the default on a CPU with the kernels, has tests/test_quant_model.py)."""
     from models.loader import load_model
 
-    return load_model()
+    return load_model(weights="fp32")
 
 
 @pytest.fixture(scope="session")

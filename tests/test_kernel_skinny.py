@@ -672,7 +672,9 @@ def test_stack_profile_times_the_phases_of_whole_stack_calls(isa):
 
 def test_steps_of_up_to_64_rows_stay_on_the_one_call_stack(monkeypatch):
     """A tree step of 17-64 rows (past the 16 the stack once stopped at) is attended by the C
-    kernel and runs as the one call, bit for bit the per-op path; a longer step leaves both."""
+    kernel and runs as the one call, bit for bit the per-op path; so does a longer tree step
+    (its rows must not depend on the step's size: kernels/torch_plan.py), while a causal chunk
+    of more than 64 rows leaves both (the prefill kernel)."""
     from helpers import ours_from_hf, tiny_hf_model
     from models.linear import STEP_ROWS
     from models.llama import Transformer
@@ -680,12 +682,12 @@ def test_steps_of_up_to_64_rows_stay_on_the_one_call_stack(monkeypatch):
 
     model = all_skinny(ours_from_hf(tiny_hf_model("llama", seed=7)).model)
 
-    def run(t):
+    def run(t, tree=True):
         runner = ModelRunner(model, cache_tokens=512)
         runner.add_sequence(0)
         runner.step([StepInput(0, list(range(3, 40)))])
         runner.commit({0: list(range(37))})
-        parents = [-1] + [(i - 1) // 2 for i in range(1, t)]  # a binary tree of t nodes
+        parents = [-1] + [(i - 1) // 2 for i in range(1, t)] if tree else None  # a binary tree of t nodes
         return runner.step([StepInput(0, [(5 + i) % 200 for i in range(t)], parents=parents)])[0]
 
     stack, attention, use_stack = [], [], [True]
@@ -707,6 +709,10 @@ def test_steps_of_up_to_64_rows_stay_on_the_one_call_stack(monkeypatch):
     stack.clear()
     attention.clear()
     run(STEP_ROWS + 1)
+    assert STEP_ROWS + 1 in stack
+    stack.clear()
+    attention.clear()
+    run(STEP_ROWS + 1, tree=False)
     assert STEP_ROWS + 1 not in stack and STEP_ROWS + 1 not in attention
 
 

@@ -56,7 +56,7 @@ def test_tuned_products_change_no_greedy_token(smol, smol_prompts):
 
     model, _ = smol
     assert model.head_plan is not None
-    plain, _ = load_model(tune=False)
+    plain, _ = load_model(tune=False, weights="fp32")
     p = smol_prompts[1]
     ref = generate(plain, [p], max_new_tokens=24)[0].output_ids
     assert generate(model, [p], max_new_tokens=24)[0].output_ids == ref

@@ -3,7 +3,8 @@
  *   o = attention of each sequence's rows over its paged keys ; h += o Wo^T ;
  *   x = rms_norm(h) ; h += (silu(x Wg^T) * x Wu^T) Wd^T
  * with the kernels of the other files of this folder, in the order models/llama.py issues
- * them, so the result is bit for bit the per-op path's. It exists because on a small CPU the
+ * them, so the result is bit for bit the per-op path's. A product's weight is fp32
+ * (skinny_gemm.c) or block-quantized (quant_gemm.c), per product. It exists because on a small CPU the
  * per-op dispatch (a Python call, a ctypes call, a tensor allocation, each with cold caches
  * after a weight has streamed through) cost about a quarter of a one-token step.
  * kernels/skinny.py calls it; models/llama.py's Block.forward is the reference.
@@ -23,9 +24,15 @@ void skinny_silu_mul(const float *gu, float *out, int64_t rows, int64_t n);
 void skinny_rope(float *x, const float *cos, const float *sin, int64_t rows, int64_t row_stride, int64_t heads,
                  int64_t D);
 
+int quant_linear(const float *x, int64_t x_stride, int fmt, const uint8_t *W, const float *b, float *y, int64_t M,
+                 int64_t N, int64_t K, int threads);
+
 typedef struct { /* one layer's weights and cache pools (pointers into torch tensors) */
-    const float *attn_norm, *wqkv, *bqkv /* or NULL */, *wo, *mlp_norm, *w_gate_up, *w_down;
+    const void *attn_norm, *wqkv, *bqkv /* or NULL */, *wo, *mlp_norm, *w_gate_up, *w_down;
     float *k_cache, *v_cache; /* [num_blocks * block_size, KV, D] */
+    /* each product's weight (qkv, o, gate_up, down): 0 = fp32 (N, K), else quant_gemm.c's format
+     * code and its packed panels */
+    int32_t fmt[4];
 } skinny_layer;
 
 typedef struct { /* the step: shared by every layer */
@@ -60,6 +67,16 @@ static double now(void) {
         }                                                          \
     } while (0)
 
+/* y = x W^T (+ b) in the weight's format; 0, or -1 out of memory */
+static int product(int fmt, const float *x, const void *W, const void *b, float *y, int64_t M, int64_t N, int64_t K,
+                   int threads) {
+    if (fmt == 0) {
+        skinny_linear(x, W, b, y, M, N, K, threads);
+        return 0;
+    }
+    return quant_linear(x, K, fmt, W, b, y, M, N, K, threads) == 0 ? 0 : -1;
+}
+
 static void add_into(float *h, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) h[i] = h[i] + y[i];
 }
@@ -75,7 +92,8 @@ int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skin
     for (int l = 0; l < n_layers && rc == 0; l++) {
         const skinny_layer *w = layers + l;
         PHASE(P_NORM, skinny_rms_norm(h, w->attn_norm, x, T, d, s->eps));
-        PHASE(P_QKV, skinny_linear(x, w->wqkv, w->bqkv, qkv, T, nq, d, s->threads));
+        PHASE(P_QKV, rc = product(w->fmt[0], x, w->wqkv, w->bqkv, qkv, T, nq, d, s->threads));
+        if (rc) break;
         PHASE(P_ROPE_KV, {
             skinny_rope(qkv, s->cos, s->sin, T, nq, H + KV, D);
             for (int t = 0; t < T; t++) {
@@ -94,12 +112,16 @@ int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skin
                                       o + (int64_t)r0 * H * D, s->threads);
             }
         });
-        PHASE(P_O, skinny_linear(o, w->wo, NULL, y, T, d, (int64_t)H * D, s->threads));
+        if (rc) break;
+        PHASE(P_O, rc = product(w->fmt[1], o, w->wo, NULL, y, T, d, (int64_t)H * D, s->threads));
+        if (rc) break;
         PHASE(P_ADD, add_into(h, y, (int64_t)T * d));
         PHASE(P_NORM, skinny_rms_norm(h, w->mlp_norm, x, T, d, s->eps));
-        PHASE(P_GATE_UP, skinny_linear(x, w->w_gate_up, NULL, gu, T, 2 * (int64_t)I, d, s->threads));
+        PHASE(P_GATE_UP, rc = product(w->fmt[2], x, w->w_gate_up, NULL, gu, T, 2 * (int64_t)I, d, s->threads));
+        if (rc) break;
         PHASE(P_SILU, skinny_silu_mul(gu, act, T, I));
-        PHASE(P_DOWN, skinny_linear(act, w->w_down, NULL, y, T, d, I, s->threads));
+        PHASE(P_DOWN, rc = product(w->fmt[3], act, w->w_down, NULL, y, T, d, I, s->threads));
+        if (rc) break;
         PHASE(P_ADD, add_into(h, y, (int64_t)T * d));
     }
     free(x);

@@ -1,0 +1,232 @@
+"""The model with block-quantized products (models/loader.py ``weights``, kernels/quant.py):
+against a torch reference forward, greedy speculation token-identical to plain greedy (on these
+models and prompts; the known limit after a tree step is the xfail test at the end), the default
+model's own Q4_1 / Q8_0 blocks, and the option's errors.
+
+Tolerance of the reference forward, stated once: the reference multiplies the same quantized
+activations by the same dequantized weights exactly, so each product differs by fp32 rounding
+only; through two layers a rounding can move an activation across a quantization step, so the
+logits are compared at 1e-3 of their largest magnitude."""
+
+import pytest
+import torch
+
+from decoding import generate
+from helpers import tiny_hf_model
+from kernels import quant, skinny
+from models import linear as linear_mod, llama as llama_mod
+from models.loader import check_weights, from_hf, load_model, resolve_weights
+from models.runner import ModelRunner, StepInput
+from models.tune import tune_model
+from test_decoding import TINY_PROMPTS, outputs, proposer
+
+pytestmark = pytest.mark.skipif(not skinny.available(), reason=f"skinny kernels: {skinny.unavailable_reason()}")
+METHODS = ("pld", "lookahead+pld", "hybrid", "suffix", "jacobi")
+
+
+def tiny(arch="llama", weights="q8_0"):
+    # K of every product a multiple of 32; 3 blocks in the MLP's down product (an odd count)
+    return from_hf(tiny_hf_model(arch, seed=3, intermediate_size=96), weights=weights).model
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_quantized_forward_matches_the_reference(arch, monkeypatch):
+    """A tree step through the one-call stack against the per-op forward whose products are
+    ``quant_linear_ref`` (dequantized weights, the same quantized activations, float64)."""
+    model = tiny(arch)
+    assert model.weights == "q8_0" and model.head_quant is not None and model.head_screen() is None
+    assert all(lin.weight.device.type == "meta" for lin in model.modules() if isinstance(lin, linear_mod.Linear))
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, model.cfg.vocab_size, (7,), generator=gen).tolist()
+    parents = [-1, 0, 0, 1, 1, 2, 5]
+
+    def logits(whole_stack: bool):
+        runner = ModelRunner(model, cache_tokens=256, block_size=4)
+        runner.add_sequence(0)
+        runner.step([StepInput(0, list(range(3, 12)))])  # a prompt (causal: the per-op path), committed
+        runner.commit({0: list(range(9))})
+        calls = []
+        original = llama_mod.Transformer._whole_stack
+
+        def spy(self, *a):
+            done = original(self, *a) if whole_stack else False
+            calls.append(done)
+            return done
+        with monkeypatch.context() as m:
+            m.setattr(llama_mod.Transformer, "_whole_stack", spy)
+            out = runner.step([StepInput(0, tokens, parents=parents)])[0]
+        return out, calls
+
+    got, calls = logits(True)
+    assert calls == [True]  # the tree step ran as one C call
+    per_op, _ = logits(False)
+    assert torch.equal(got, per_op)  # the stack is the per-op path, bit for bit
+
+    def ref_linear(x, w, bias=None):
+        return quant.quant_linear_ref(x, w, bias)
+    monkeypatch.setattr(linear_mod, "quant_linear", ref_linear)
+    monkeypatch.setattr(quant, "quant_linear", ref_linear)
+    ref, _ = logits(False)
+    torch.testing.assert_close(got, ref, atol=1e-3 * ref.abs().max().item(), rtol=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_q8():
+    return tiny()
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_tiny_greedy_lossless_on_the_quantized_path(tiny_q8, name):
+    """Every method's greedy output is plain greedy's, token for token, with quantized products
+    (the rows of a product do not depend on the step; for trees see the xfail test below)."""
+    ref = [generate(tiny_q8, [p], max_new_tokens=14, eos_token_ids=())[0].output_ids for p in TINY_PROMPTS]
+    res = generate(tiny_q8, TINY_PROMPTS, proposer(name, tiny_q8, small=True), max_new_tokens=14, eos_token_ids=())
+    assert outputs(res) == ref
+
+
+def test_nothing_tunes_or_packs_the_dropped_fp32_weights(tiny_q8, tmp_path):
+    assert tune_model(tiny_q8, tmp_path) == {}
+    assert all(getattr(m, "plan", None) is None for m in tiny_q8.modules()) and tiny_q8.head_plan is None
+    assert not (tmp_path / "tune").exists()
+
+
+@pytest.fixture(scope="module")
+def smol_native():
+    return load_model(weights="native")
+
+
+def test_the_default_model_keeps_its_files_blocks(smol_native, smol):
+    """native: the layers' Q4_1 and the head's Q8_0 are the file's, so dequantized they are the
+    fp32 path's weights bit for bit (q / k rows unpermuted, q k v and gate up fused by rows)."""
+    model, fp32 = smol_native.model, smol.model
+    assert model.weights == "native" and fp32.weights == "fp32"
+    for i in (0, 29):
+        a, b = model.layers[i], fp32.layers[i]
+        for name in ("wqkv", "wo", "w_gate_up", "w_down"):
+            qw = getattr(a, name).quant
+            assert qw.format == "q4_1"
+            assert torch.equal(qw.dequantize(), getattr(b, name).weight)
+    assert model.head_quant.format == "q8_0" and torch.equal(model.head_quant.dequantize(), fp32.head_weight)
+
+
+def test_the_default_model_greedy_lossless_on_the_native_path(smol_native):
+    """The real model on its native weights: a few methods token-identical to plain greedy."""
+    model, tok = smol_native
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Write a Python function that adds two numbers."}],
+                                     add_generation_prompt=True, tokenize=True, return_dict=False)
+    ref = generate(model, [prompt], max_new_tokens=24)[0].output_ids
+    for name in ("pld", "lookahead+pld", "hybrid"):
+        assert generate(model, [prompt], proposer(name, model), max_new_tokens=24)[0].output_ids == ref, name
+
+
+def test_the_weights_option():
+    """The default and the errors: a bad value is named before any model loads; a quantized
+    form where the kernels cannot run is refused with the reason."""
+    for bad in ("q4", "FP32", 8):
+        with pytest.raises(ValueError, match="weights must be one of fp32, q8_0, native"):
+            check_weights(bad)
+        with pytest.raises(ValueError, match="weights must be one of"):
+            load_model("no/such/model", weights=bad)  # the option first, not the missing model
+    with pytest.raises(ValueError, match="weights='q8_0' needs fp32 on the CPU"):
+        resolve_weights("q8_0", None, torch.bfloat16, torch.device("cpu"))
+    with pytest.raises(ValueError, match="weights='native' needs fp32 on the CPU"):
+        resolve_weights("native", None, torch.float32, torch.device("cuda"))
+    assert resolve_weights(None, None, torch.float32, torch.device("cpu")) == "fp32"  # no GGUF file
+    from models.loader import default_model_path
+    assert resolve_weights(None, default_model_path(), torch.float32, torch.device("cpu")) == "native"
+    assert resolve_weights(None, default_model_path(), torch.float32, torch.device("cuda")) == "fp32"
+    # the Triton backend on a CPU emulates the GPU's path: fp32 unless asked
+    assert resolve_weights(None, default_model_path(), torch.float32, torch.device("cpu"), "triton") == "fp32"
+
+
+@pytest.mark.parametrize("entry", ["cli", "bench"])
+def test_the_weights_flag(entry, capsys):
+    """--weights parses on both entry points; a bad value, or a quantized form in bfloat16, is
+    refused naming the flag before any model loads."""
+    import bench.run as bench_run
+    from decoding import cli
+
+    parse = (lambda extra: cli.parse_args(["a prompt"] + extra)) if entry == "cli" else bench_run.parse_args
+    assert parse([]).weights is None and parse(["--weights", "q8_0"]).weights == "q8_0"
+    for bad in (["--weights", "q4_0"], ["--weights", "native", "--dtype", "bfloat16"]):
+        with pytest.raises(SystemExit):
+            parse(bad)
+        assert "--weights" in capsys.readouterr().err
+
+
+def test_the_cli_passes_weights_to_the_load(monkeypatch):
+    """python -m decoding --weights q8_0 loads with weights='q8_0' (the model stubbed)."""
+    import io
+    from types import SimpleNamespace
+
+    from decoding import cli
+    from decoding.text import TextGenerator
+
+    seen = {}
+
+    class Gen:
+        chat_template, cache_dir, tokenizer = True, None, None
+        model = SimpleNamespace(cfg=SimpleNamespace(max_position_embeddings=1000))
+
+        def encode(self, prompt):
+            return [1]
+
+        def generate(self, prompt, proposer, **kw):
+            return [SimpleNamespace(token_ids=[5], stats=SimpleNamespace(forwards=1, accepted_hist={}),
+                                    finish_reason="stop")]
+
+    def load(cls, *a, **kw):
+        seen.update(kw)
+        return Gen()
+    monkeypatch.setattr(TextGenerator, "load", classmethod(load))
+    monkeypatch.setattr(cli, "planner_for", lambda *a, **k: None)
+    assert cli.main(["hi", "--weights", "q8_0", "--max-new-tokens", "2"], out=io.StringIO(), err=io.StringIO()) == 0
+    assert seen["weights"] == "q8_0"
+
+
+def test_packed_weights_cache_round_trip_and_a_broken_one_is_packed_again(tmp_path):
+    """The packed weights a GGUF load keeps in its cache entry read back as they were; an
+    unreadable file is reported and ignored (packed again), not an error."""
+    from models import loader
+
+    w = quant.quantize_q8_0(torch.randn(20, 64))
+    q4 = quant.quantize_q4_1(torch.randn(7, 96))
+    path = tmp_path / "native-v1.safetensors"
+    loader._write_packed(path, {"a": w, "b": q4})
+    back = loader._read_packed(path)
+    assert back.keys() == {"a", "b"} and back["b"].format == "q4_1" and back["b"].n == 7
+    assert torch.equal(back["a"].data, w.data) and torch.equal(back["b"].data, q4.data)
+    path.write_bytes(b"not safetensors")
+    with pytest.warns(UserWarning, match="unreadable"):
+        assert loader._read_packed(path) is None
+    assert loader._read_packed(tmp_path / "missing.safetensors") is None
+    loader._write_packed(tmp_path / "no" / "entry.safetensors", {"a": w})  # no entry folder: skipped
+    assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.xfail(strict=True, reason="known limit: the skinny attention's sums follow the keys' places in the "
+                   "cache, and a tree row's ancestors sit elsewhere than a chain's (docs/DESIGN.md, quantized weights)")
+def test_a_committed_tree_branch_leaves_the_cache_as_a_chain_does(smol_native):
+    """After a long prompt, a tree step whose accepted branch skips a row ([a, x, b], b a child of
+    a) and then a one-token step should give the logits a chain [a, b] gives: with fp32 weights
+    they differ by rounding only (absorbed); quantized activations turn that rounding into other
+    int8 values, and a greedy token can change (bench run-native: suffix and hybrid)."""
+    from bench.data.suite import load_suite
+
+    model, tok = smol_native
+    text = load_suite(tasks="summarization", limit=1)[0]["prompt"]
+    prompt = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True,
+                                     return_dict=False)
+
+    def next_logits(step: StepInput, accepted: list[int]) -> torch.Tensor:
+        runner = ModelRunner(model, cache_tokens=2048, block_size=16)
+        runner.add_sequence(0)
+        runner.step([StepInput(0, prompt)])
+        runner.commit({0: list(range(len(prompt)))})
+        runner.step([step])
+        runner.commit({0: accepted})
+        return runner.step([StepInput(0, [657])])[0][-1]
+
+    chain = next_logits(StepInput(0, [1348, 1941]), [0, 1])
+    tree = next_logits(StepInput(0, [1348, 999, 1941], parents=[-1, 0, 0], depths=[0, 1, 1]), [0, 2])
+    assert torch.equal(chain, tree)
