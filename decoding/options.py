@@ -32,7 +32,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default=None, choices=("fp32", "q8_0", "native"),
                    help="the products' weights: fp32, q8_0 (every product weight quantized to Q8_0) or native (a "
                         "GGUF file's own Q4_1 / Q8_0 blocks, Q8_0 for the rest); the quantized forms need an x86 CPU "
-                        "in float32 (default: native for a quantized GGUF file there, else fp32)")
+                        "in float32 (default: fp32, with which every method's greedy output is plain greedy's)")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="replay decoding steps from CUDA graphs (needs --device cuda and --kernel triton; "
                         "models/graphs.py)")
@@ -95,7 +95,7 @@ def check(args: argparse.Namespace, methods: list[str], draft_elsewhere: bool = 
     if getattr(args, "weights", None) not in (None, "fp32"):
         from models.loader import resolve_weights
         try:
-            resolve_weights(args.weights, None, DTYPES[args.dtype], torch.device(dev))
+            resolve_weights(args.weights, DTYPES[args.dtype], torch.device(dev))
         except ValueError as e:
             raise ValueError(f"--weights {args.weights}: {e}") from None
     if getattr(args, "cuda_graphs", False) and not (gpu and args.kernel == "triton"):

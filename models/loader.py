@@ -10,8 +10,10 @@ tokenizer and chat template; the forward is ours (models/llama.py).
   * ``"native"``: a GGUF file's own Q4_1 / Q8_0 blocks, bit for bit its weights, and Q8_0 for
                   any product weight stored otherwise (an HF folder: all of them).
 The quantized forms need the x86 CPU kernels (fp32 on the CPU, kernels/skinny.py builds) and
-quantize each step's activations per block too (kernels/quant.py). The default (None): native
-for a GGUF file with quantized tensors where those kernels run, fp32 elsewhere.
+quantize each step's activations per block too (kernels/quant.py). The default (None) is fp32:
+on the quantized forms a tree method's greedy output can differ from plain greedy's (a tree
+row's attention sums its keys in another order than a chain row's, and the int8 activations
+amplify that rounding: docs/DESIGN.md), and the default keeps every method lossless.
 """
 
 import functools
@@ -290,8 +292,7 @@ def load_model(model: Optional[str] = None, backend: Optional[Backend | str] = N
     references elsewhere. ``tune``: issue every matrix product in the form measured fastest on
     this device (models/tune.py; measured once, cached under ``cache_dir``);
     ``extra_weight_memory``: whether that may keep a second, packed copy of the weights.
-    ``weights``: "fp32", "q8_0" or "native" (the module's docstring); None = native for a
-    quantized GGUF file where the CPU kernels run, else fp32."""
+    ``weights``: "fp32", "q8_0" or "native" (the module's docstring); None = fp32."""
     from kernels.backend import get_backend
 
     check_weights(weights)
@@ -299,7 +300,7 @@ def load_model(model: Optional[str] = None, backend: Optional[Backend | str] = N
     path = resolve_model_path(model)
     if backend is None or isinstance(backend, str):
         backend = get_backend(backend or ("triton" if device.type == "cuda" else "torch"), device)
-    weights = resolve_weights(weights, path, dtype, device, backend.name, cache_dir)
+    weights = resolve_weights(weights, dtype, device)
     if path.suffix == ".gguf":
         cfg, sd, rope_factors, tok = _load_gguf(path, Path(cache_dir))
     else:
@@ -311,50 +312,25 @@ def load_model(model: Optional[str] = None, backend: Optional[Backend | str] = N
 def check_weights(weights: Optional[str]) -> None:
     """A clear error for a ``weights`` that is not one of ``WEIGHTS`` (or None)."""
     if weights is not None and weights not in WEIGHTS:
-        raise ValueError(f"weights must be one of {', '.join(WEIGHTS)} (or None: native for a quantized GGUF file "
-                         f"on a CPU with the kernels, else fp32), got {weights!r}")
+        raise ValueError(f"weights must be one of {', '.join(WEIGHTS)} (or None: fp32), got {weights!r}")
 
 
-def resolve_weights(weights: Optional[str], path: Optional[Path], dtype: torch.dtype, device: torch.device,
-                    backend: str = "torch", cache_dir: Optional[Path | str] = None) -> str:
-    """``weights`` for a model at ``path`` (None: an in-memory model) on ``device`` in ``dtype``
-    with the ``backend`` of that name: the default applied (native only with the torch backend,
-    the one of the CPU kernels; the Triton one on a CPU emulates the GPU's path), and a clear
-    error where a quantized form cannot run."""
+def resolve_weights(weights: Optional[str], dtype: torch.dtype, device: torch.device) -> str:
+    """``weights`` for a model on ``device`` in ``dtype``: the default applied (fp32: the
+    module's docstring says why), and a clear error where a quantized form cannot run."""
     from kernels import skinny
 
     check_weights(weights)
     device = torch.device(device)
     kernels = device.type == "cpu" and dtype == torch.float32 and skinny.available()
     if weights is None:
-        return "native" if kernels and backend == "torch" and path is not None and path.suffix == ".gguf" \
-            and _gguf_quantized(path, cache_dir) else "fp32"
+        return "fp32"
     if weights != "fp32" and not kernels:
         why = (f"the x86 CPU kernels are unavailable: {skinny.unavailable_reason()}" if device.type == "cpu"
                and dtype == torch.float32 else f"got device {device.type}, dtype {dtype}")
         raise ValueError(f"weights={weights!r} needs fp32 on the CPU with the x86 CPU kernels ({why}); "
                          "use weights='fp32'")
     return weights
-
-
-def _gguf_quantized(path: Path, cache_dir: Optional[Path | str] = None) -> bool:
-    """Whether a GGUF file stores some tensor in a quantized type (not F32 / F16 / BF16); the
-    answer is kept in the file's conversion cache entry where there is one (reading the header
-    takes seconds: the tokenizer's fields)."""
-    import gguf
-
-    marker = None if cache_dir is None else Path(cache_dir) / f"{path.stem}-{_cache_key(path)}" / "quantized"
-    if marker is not None and marker.is_file():
-        return marker.read_text().strip() == "1"
-    reader, _ = _open_gguf(path)
-    plain = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
-    quantized = any(t.tensor_type not in plain for t in reader.tensors)
-    if marker is not None and (marker.parent / "done").is_file():
-        try:
-            marker.write_text("1" if quantized else "0")
-        except OSError:
-            pass
-    return quantized
 
 
 def _gguf_blocks(path: Path, cfg: ModelConfig) -> dict[str, tuple[str, np.ndarray]]:
@@ -497,7 +473,7 @@ def from_hf(hf_model, tokenizer=None, *, backend: Optional[Backend | str] = None
         raise ValueError("the transformers model has weights on the meta device (offloaded or not loaded yet)")
     dtype = dtype or param.dtype
     device = torch.device(device) if device is not None else param.device
-    weights = resolve_weights(weights or "fp32", None, dtype, device)
+    weights = resolve_weights(weights or "fp32", dtype, device)
     if backend is None or isinstance(backend, str):
         backend = get_backend(backend or ("triton" if device.type == "cuda" else "torch"), device)
     gen_eos = getattr(getattr(hf_model, "generation_config", None), "eos_token_id", None)
