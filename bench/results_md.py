@@ -89,6 +89,12 @@ RUNS = [
      "run, the time to the first token of the 541-1,475-token prompts fell 4-17%; the decoding steps do not use "
      "the kernel. The run's NOTES.md has the kernel against SDPA (1.3-2.3x) and the prefill alone (8-16% less "
      "time). Texts and token ids removed from the JSON."),
+    ("bench/results/2026-11-27-cpu-native-llamacpp/results.json",
+     "Our methods on the quantized path (--weights native: the GGUF's Q4_1 / Q8_0 blocks, int8 activations; "
+     "opt-in) beside llama.cpp on the same file, prompts and 2 threads, one round, the machine otherwise idle. "
+     "Decoding: our ar 1.51x llama.cpp plain, pld 1.81x llama.cpp's best. On this path a tree method's output "
+     "can differ from ar's (here suffix 4 of 5 identical): the default stays fp32. The compiled planner and "
+     "packing ran (host path in the header)."),
     ("bench/results/2026-11-27-cpu-llamacpp/results.json",
      "--compare-llamacpp --limit 1, one round, 2 threads for both engines: llama.cpp b11434 (make llamacpp, "
      "native flags) on the GGUF's Q4_1 blocks as stored, ours in fp32. llama.cpp plain decodes 1.94x our ar (97.6 "
