@@ -16,9 +16,6 @@ the reference, for comparison (the same switch as the step's packing, models/pac
 
 import ctypes
 import math
-import subprocess
-import threading
-import warnings
 from array import array
 from pathlib import Path
 from typing import Optional
@@ -28,9 +25,6 @@ from kernels import cbuild
 SOURCES = [Path(__file__).with_name("cpu") / "planner.c"]
 FLAGS = ["-O2", "-std=c11", "-ffp-contract=off", "-shared", "-fPIC"]
 LIBS = ["-lm"]
-
-_lock = threading.Lock()
-_state = {"lib": None, "tried": False, "reason": None}
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -44,31 +38,17 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.planner_observe.restype = i
     lib.planner_observe_batch.argtypes = [p, p, i] + [p] * 6 + [p, p, p, p, p]
     lib.planner_observe_batch.restype = i
+    if lib.planner_n_keys() != N_KEYS:
+        raise RuntimeError(f"planner.c has {lib.planner_n_keys()} keys, compiled.py {N_KEYS}")
 
 
-def _load() -> Optional[ctypes.CDLL]:
-    if _state["tried"]:
-        return _state["lib"]
-    with _lock:
-        if not _state["tried"]:
-            try:
-                path, _ = cbuild.build("decoding-host", SOURCES, [], FLAGS, LIBS)
-                lib = ctypes.CDLL(str(path))
-                _declare(lib)
-                if lib.planner_n_keys() != N_KEYS:
-                    raise RuntimeError(f"planner.c has {lib.planner_n_keys()} keys, compiled.py {N_KEYS}")
-                _state["lib"] = lib
-            except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-                _state["reason"] = f"could not build decoding/cpu/planner.c: {e}"
-                warnings.warn(f"{_state['reason']}; the step planner runs its Python reference", RuntimeWarning,
-                              stacklevel=3)
-            _state["tried"] = True
-    return _state["lib"]
+# the library, built on first use (planner_core, available)
+LIBRARY = cbuild.OnDemand("decoding-host", SOURCES, FLAGS, LIBS, _declare, "the step planner runs its Python reference")
 
 
 def available() -> bool:
     """Whether the compiled host path is built (builds it on the first call)."""
-    return _load() is not None
+    return LIBRARY.get() is not None
 
 
 def use_compiled(on: bool) -> bool:
@@ -86,7 +66,7 @@ def path() -> str:
     """Which host path new planners take: "compiled", or "reference (why)"."""
     if not cbuild.host_compiled():
         return "reference (switched to it)"
-    return "compiled" if available() else f"reference ({_state['reason']})"
+    return "compiled" if available() else f"reference ({LIBRARY.reason})"
 
 
 # ---- acceptance estimates in dense arrays --------------------------------------------------------
@@ -293,4 +273,4 @@ def planner_core(cost) -> Optional[PlannerCore]:
 
     if not isinstance(cost, StepCost) or not enabled():
         return None
-    return PlannerCore(_state["lib"], cost)
+    return PlannerCore(LIBRARY.lib, cost)

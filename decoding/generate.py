@@ -99,20 +99,9 @@ def generate(
     (finish reason "stop", e.g. a stop string was reached). ``step_clock`` (a
     ``decoding.stats.StepClock``) sums where the decoding steps' time goes, phase by phase.
     """
-    proposer = proposer or Proposer()
-    if not isinstance(proposer, Proposer):
-        inputs.fail("proposer", proposer, "a Proposer (make_proposer(NAME)) or None")
-    if sampling is not None and not isinstance(sampling, SamplingParams):
-        inputs.fail("sampling", sampling, "a SamplingParams (e.g. SamplingParams(temperature=0.7, seed=0)) or None")
-    if step_clock is not None and not isinstance(step_clock, StepClock):
-        inputs.fail("step_clock", step_clock, "a decoding.stats.StepClock or None")
-    sampling = sampling or SamplingParams()
+    proposer, sampling, prefill_chunk = _checked(model, proposer, sampling, step_clock, prefill_chunk)
     eos = set(model.cfg.eos_token_ids if eos_token_ids is None else eos_token_ids)
     check_prompts(prompts, max_new_tokens, model.cfg.max_position_embeddings, model.cfg.vocab_size)
-    if prefill_chunk is None:
-        prefill_chunk = default_prefill_chunk(model.device)
-    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
-        raise ValueError(f"prefill_chunk must be an integer >= 1 (None: the device's default), got {prefill_chunk!r}")
     proposer.check(model)  # before the prefill: nothing generated (or streamed) yet
     runner = runner or ModelRunner.for_batch(model, prompts, max_new_tokens)
     seqs = [Sequence(SeqState(i, [int(t) for t in p], len(p), _generator(sampling, i, runner.device)), max_new_tokens)
@@ -145,6 +134,23 @@ def generate(
     finally:
         batch.release()  # an error mid-way must not leak cache blocks of a shared runner
     return batch.results
+
+
+def _checked(model: Transformer, proposer, sampling, step_clock, prefill_chunk) -> tuple:
+    """generate's arguments checked (each named with what it takes) and defaulted: (proposer,
+    sampling, prefill_chunk)."""
+    proposer = proposer or Proposer()
+    if not isinstance(proposer, Proposer):
+        inputs.fail("proposer", proposer, "a Proposer (make_proposer(NAME)) or None")
+    if sampling is not None and not isinstance(sampling, SamplingParams):
+        inputs.fail("sampling", sampling, "a SamplingParams (e.g. SamplingParams(temperature=0.7, seed=0)) or None")
+    if step_clock is not None and not isinstance(step_clock, StepClock):
+        inputs.fail("step_clock", step_clock, "a decoding.stats.StepClock or None")
+    if prefill_chunk is None:
+        prefill_chunk = default_prefill_chunk(model.device)
+    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
+        raise ValueError(f"prefill_chunk must be an integer >= 1 (None: the device's default), got {prefill_chunk!r}")
+    return proposer, sampling or SamplingParams(), prefill_chunk
 
 
 def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence], ctx: Context,

@@ -4,13 +4,16 @@
 host path of decoding (decoding/compiled.py) are built this way.
 """
 
+import ctypes
 import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
+import threading
+import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 # whether the host work that has a compiled twin (the step planner: decoding/compiled.py; the
 # step's packing: models/packing.py) runs it where it builds (True) or its Python reference;
@@ -69,3 +72,35 @@ def build(name: str, sources: list[Path], headers: list[Path], flags: list[str],
             if os.path.exists(tmp):
                 os.unlink(tmp)
     return out, tag
+
+
+class OnDemand:
+    """A library of portable C (no instruction-set flags) built and loaded on its first ``get``:
+    ``declare(lib)`` sets its functions' types (and may raise RuntimeError to refuse it). Where
+    it cannot build, ``get`` returns None, ``reason`` says why, and one warning says that
+    ``fallback`` runs instead."""
+
+    def __init__(self, name: str, sources: list[Path], flags: list[str], libs: list[str],
+                 declare: Callable[[ctypes.CDLL], None], fallback: str):
+        self.name, self.sources, self.flags, self.libs = name, sources, flags, libs
+        self.declare, self.fallback = declare, fallback
+        self.lib: Optional[ctypes.CDLL] = None
+        self.reason: Optional[str] = None
+        self.tried = False
+        self._lock = threading.Lock()
+
+    def get(self) -> Optional[ctypes.CDLL]:
+        if self.tried:
+            return self.lib
+        with self._lock:
+            if not self.tried:
+                try:
+                    path, _ = build(self.name, self.sources, [], self.flags, self.libs)
+                    lib = ctypes.CDLL(str(path))
+                    self.declare(lib)
+                    self.lib = lib
+                except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+                    self.reason = f"could not build {', '.join(f.name for f in self.sources)}: {e}"
+                    warnings.warn(f"{self.reason}; {self.fallback}", RuntimeWarning, stacklevel=3)
+                self.tried = True
+        return self.lib

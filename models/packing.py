@@ -12,9 +12,6 @@ cannot build, the reference runs and one warning says why. The switch is the hos
 """
 
 import ctypes
-import subprocess
-import threading
-import warnings
 from array import array
 from pathlib import Path
 from typing import Optional
@@ -27,35 +24,21 @@ from kernels.backend import StepMeta
 SOURCES = [Path(__file__).with_name("cpu") / "pack.c"]
 FLAGS = ["-O2", "-std=c11", "-shared", "-fPIC"]
 
-_lock = threading.Lock()
-_state = {"lib": None, "tried": False, "reason": None}
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.pack_check.argtypes = [i] + [p] * 12 + [ctypes.c_int64] * 2
+    lib.pack_check.restype = i
+    lib.pack_step.argtypes = [i] + [p] * 15 + [i] * 4 + [p] * 4
+    lib.pack_step.restype = None
 
 
-def _load() -> Optional[ctypes.CDLL]:
-    if _state["tried"]:
-        return _state["lib"]
-    with _lock:
-        if not _state["tried"]:
-            try:
-                path, _ = cbuild.build("models-pack", SOURCES, [], FLAGS, [])
-                lib = ctypes.CDLL(str(path))
-                p, i = ctypes.c_void_p, ctypes.c_int
-                lib.pack_check.argtypes = [i] + [p] * 12 + [ctypes.c_int64] * 2
-                lib.pack_check.restype = i
-                lib.pack_step.argtypes = [i] + [p] * 15 + [i] * 4 + [p] * 4
-                lib.pack_step.restype = None
-                _state["lib"] = lib
-            except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-                _state["reason"] = f"could not build models/cpu/pack.c: {e}"
-                warnings.warn(f"{_state['reason']}; steps are packed by the Python reference", RuntimeWarning,
-                              stacklevel=3)
-            _state["tried"] = True
-    return _state["lib"]
+# the library, built on first use (enabled)
+LIBRARY = cbuild.OnDemand("models-pack", SOURCES, FLAGS, [], _declare, "steps are packed by the Python reference")
 
 
 def enabled() -> bool:
     """The compiled packing is switched on and built."""
-    return cbuild.host_compiled() and _load() is not None
+    return cbuild.host_compiled() and LIBRARY.get() is not None
 
 
 def _ptr(a: array) -> int:
@@ -76,7 +59,7 @@ def pack(cache, inputs: list, vocab: int, max_context: int, device
     """``ModelRunner.prepare``'s result for ``inputs`` (each sequence in ``cache``, none twice:
     the caller checked), the cache room reserved; None, with nothing reserved, for a step the
     reference must take (an explicit mask, or an input the checks refuse)."""
-    lib = _state["lib"]
+    lib = LIBRARY.lib
     B = len(inputs)
     if B == 0:
         return None

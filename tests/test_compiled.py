@@ -164,7 +164,9 @@ def test_host_step_replays_methods_on_both_paths_with_the_same_plans(smol, smol_
 
 
 def test_without_a_compiler_the_reference_runs_with_one_warning(monkeypatch, tmp_path):
-    monkeypatch.setattr(compiled, "_state", {"lib": None, "tried": False, "reason": None})
+    lib = compiled.LIBRARY
+    monkeypatch.setattr(compiled, "LIBRARY", compiled.cbuild.OnDemand(lib.name, lib.sources, lib.flags, lib.libs,
+                                                                        lib.declare, lib.fallback))
     monkeypatch.setattr(compiled.cbuild, "_host", {"compiled": True})
     monkeypatch.setenv("SPECDEC_KERNEL_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "/bin/false")  # "compiles" nothing

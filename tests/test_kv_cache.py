@@ -176,9 +176,9 @@ def test_prepare_packs_every_field_as_the_plain_reference(compiled, monkeypatch)
     from models import packing
 
     monkeypatch.setattr(cbuild, "_host", {"compiled": compiled})
-    assert packing.enabled() == (compiled and packing._load() is not None)
+    assert packing.enabled() == (compiled and packing.LIBRARY.get() is not None)
     if compiled and not packing.enabled():
-        pytest.skip(f"the compiled packing did not build: {packing._state['reason']}")
+        pytest.skip(f"the compiled packing did not build: {packing.LIBRARY.reason}")
     runner = ours_from_hf(tiny_hf_model("llama"), cache_tokens=512, block_size=4)
     gen = torch.Generator().manual_seed(0)
     for s, n in ((0, 7), (1, 1), (2, 13), (3, 40)):
