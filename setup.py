@@ -10,7 +10,8 @@ setup(
     python_requires=">=3.10",
     packages=["kernels", "models", "decoding", "bench", "bench.data"],
     # the C sources: built on first use
-    package_data={"bench.data": ["*.jsonl", "*.json", "*.md", "*.txt"], "kernels": ["cpu/*.c", "cpu/*.h"]},
+    package_data={"bench.data": ["*.jsonl", "*.json", "*.md", "*.txt"], "kernels": ["cpu/*.c", "cpu/*.h"],
+                  "decoding": ["cpu/*.c", "cpu/*.h"], "models": ["cpu/*.c", "cpu/*.h"]},
     install_requires=[
         # CPU machines: install torch==2.13.0 first (a local CPU build); the range below then
         # installs nothing more. GPU machines keep their own torch.

@@ -81,8 +81,9 @@ class OnDemand:
     ``fallback`` runs instead."""
 
     def __init__(self, name: str, sources: list[Path], flags: list[str], libs: list[str],
-                 declare: Callable[[ctypes.CDLL], None], fallback: str):
+                 declare: Callable[[ctypes.CDLL], None], fallback: str, headers: Optional[list[Path]] = None):
         self.name, self.sources, self.flags, self.libs = name, sources, flags, libs
+        self.headers = headers or []
         self.declare, self.fallback = declare, fallback
         self.lib: Optional[ctypes.CDLL] = None
         self.reason: Optional[str] = None
@@ -95,7 +96,7 @@ class OnDemand:
         with self._lock:
             if not self.tried:
                 try:
-                    path, _ = build(self.name, self.sources, [], self.flags, self.libs)
+                    path, _ = build(self.name, self.sources, self.headers, self.flags, self.libs)
                     lib = ctypes.CDLL(str(path))
                     self.declare(lib)
                     self.lib = lib
