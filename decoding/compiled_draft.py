@@ -20,7 +20,9 @@ build, the reference runs and one warning says why. The switch is the host path'
 
 import ctypes
 from array import array
+from dataclasses import fields
 from pathlib import Path
+from typing import Optional
 
 from decoding.tree import StepTree
 from kernels import cbuild
@@ -43,6 +45,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tree_add_chain.restype = i
     lib.tree_add_private.argtypes = [p, i, p, i, i, i, p]
     lib.tree_add_private.restype = i
+    lib.tree_add_window.argtypes = [p, p, i, i, i, p]
+    lib.tree_add_window.restype = i
     for declare in _DECLARE:
         declare(lib)
 
@@ -95,18 +99,63 @@ class TreeBuf:
     def n(self) -> int:
         return self.args.n
 
-    def step_tree(self) -> StepTree:
-        """The tree built so far, as a ``StepTree`` (children dicts in creation order)."""
+    def start(self, root: int, cap: int) -> None:
+        """A new tree of the root alone, with room for ``cap`` nodes."""
+        if cap > self.cap:
+            self._alloc(max(cap, 2 * self.cap))
+        LIBRARY.lib.tree_reset(self.ref, root)
+
+    def add_chain(self, chain: list[int], source: int, max_nodes: int) -> None:
+        """``StepTree.add_chain`` (a proposer's own chains, e.g. a user's source)."""
+        a = array("i", chain)
+        check(LIBRARY.lib.tree_add_chain(self.ref, _ptr(a) if chain else None, len(a), source, max_nodes, None),
+              "add_chain")
+
+    def add_window(self, levels: list[list[int]], source: int) -> list[int]:
+        """The lookahead window (``tree_add_window``): each column's last node."""
+        W = len(levels[0])
+        flat, tips = array("i"), array("i", bytes(4 * W))
+        for lv in levels:
+            flat.extend(lv)
+        check(LIBRARY.lib.tree_add_window(self.ref, _ptr(flat), len(levels), W, source, _ptr(tips)), "add_window")
+        return tips.tolist()
+
+    def step_tree(self) -> "BuiltTree":
+        """The tree built so far, as a ``StepTree``."""
         n = self.args.n
-        tokens, parents = self.tokens[:n].tolist(), self.parents[:n].tolist()
-        candidate = [c == 1 for c in self.candidate[:n]]
-        children: list[dict[int, int]] = [{} for _ in range(n)]
-        for node in range(1, n):
-            if candidate[node]:
-                children[parents[node]][tokens[node]] = node
-        return StepTree(tokens=tokens, parents=parents, depths=self.depths[:n].tolist(),
-                        sources=self.sources[:n].tolist(), candidate=candidate, children=children,
-                        group=self.group[:n].tolist())
+        return BuiltTree(self.tokens[:n].tolist(), self.parents[:n].tolist(), self.depths[:n].tolist(),
+                         self.sources[:n].tolist(), [c == 1 for c in self.candidate[:n]], self.group[:n].tolist())
+
+
+class BuiltTree(StepTree):
+    """A ``StepTree`` read back from C, whose ``children`` dicts are made on first use: with a
+    planner most proposed trees are only read through their flat lists (the planner's C, the
+    subtree it sends), and the dicts of a 60-node tree cost as much as reading the rest."""
+
+    def __init__(self, tokens: list[int], parents: list[int], depths: list[int], sources: list[int],
+                 candidate: list[bool], group: list[int]):
+        self.tokens, self.parents, self.depths, self.sources = tokens, parents, depths, sources
+        self.candidate, self.group = candidate, group
+        self.extra_logits: set[int] = set()
+        self.chance: dict[int, float] = {}
+        self.pinned: set[int] = set()
+        self._children: Optional[list[dict[int, int]]] = None
+
+    @property
+    def children(self) -> list[dict[int, int]]:
+        if self._children is None:
+            tokens, parents, candidate = self.tokens, self.parents, self.candidate
+            kids: list[dict[int, int]] = [{} for _ in tokens]
+            for node in range(1, len(tokens)):
+                if candidate[node]:
+                    kids[parents[node]][tokens[node]] = node
+            self._children = kids
+        return self._children
+
+    def __eq__(self, other) -> bool:  # equal to the StepTree of the same fields
+        if not isinstance(other, StepTree):
+            return NotImplemented
+        return all(getattr(self, f.name) == getattr(other, f.name) for f in fields(StepTree))
 
 
 def check(rc: int, what: str) -> int:

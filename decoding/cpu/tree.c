@@ -65,3 +65,21 @@ int tree_add_private(Tree *t, int parent, const int32_t *chain, int len, int32_t
     }
     return len;
 }
+
+int tree_add_window(Tree *t, const int32_t *levels, int n_levels, int W, int32_t source, int32_t *tips) {
+    int start = t->n;
+    tips[0] = 0; /* the column tops first: tips holds them until the columns' chains are added */
+    for (int c = 1; c < W; c++) {
+        int rc = tree_add_private(t, tips[c - 1], &levels[c], 1, source, c, &tips[c]);
+        if (rc == TREE_FULL) return TREE_FULL;
+    }
+    for (int c = 0; c < W; c++) {
+        int node = tips[c];
+        for (int j = 1; j < n_levels; j++) {
+            int rc = tree_add_private(t, node, &levels[j * W + c], 1, source, c, &node);
+            if (rc == TREE_FULL) return TREE_FULL;
+        }
+        tips[c] = node;
+    }
+    return t->n - start;
+}

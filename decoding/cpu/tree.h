@@ -41,4 +41,11 @@ int tree_add_chain(Tree *t, const int32_t *chain, int len, int32_t source, int m
 int tree_add_private(Tree *t, int parent, const int32_t *chain, int len, int32_t source, int32_t group,
                      int32_t *path);
 
+/* The lookahead window (decoding/lookahead.py, Lookahead.propose): levels is (n_levels, W)
+ * row-major, n_levels = N - 1 >= 1. Column c (group c) is a trunk token levels[0][c] at depth
+ * c for c >= 1 (the trunk first, each the child of the one before, the root standing for
+ * column 0), then below each column's trunk node its chain levels[1..][c]. tips[c] is the
+ * column's last node. Returns the nodes added or TREE_FULL. */
+int tree_add_window(Tree *t, const int32_t *levels, int n_levels, int W, int32_t source, int32_t *tips);
+
 #endif
