@@ -30,6 +30,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.pack_check.restype = i
     lib.pack_step.argtypes = [i] + [p] * 15 + [i] * 4 + [p] * 4
     lib.pack_step.restype = None
+    lib.pack_kv_move.argtypes = [p, p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, p, p, i]
+    lib.pack_kv_move.restype = None
 
 
 # the library, built on first use (enabled)
@@ -139,3 +141,28 @@ def pack(cache, inputs: list, vocab: int, max_context: int, device
         causal=torch.tensor([not t for t in trees], dtype=torch.bool, device=device) if n_words else None,
     )
     return v64[s64[0]:s64[0] + n], meta, v64[s64[2]:s64[2] + R] if with_idx else None
+
+
+def compacts(cache) -> bool:
+    """Whether ``compact`` moves this cache's rows: the compiled path is on and the cache is
+    contiguous host memory (a device's cache is compacted by its backend's kernel)."""
+    return enabled() and cache.k.device.type == "cpu" and cache.k.is_contiguous() and cache.v.is_contiguous()
+
+
+def compact(cache, moving: dict[int, list[int]]) -> None:
+    """``kv_compact_ref`` of the sequences in ``moving`` (sequence -> its accepted step rows,
+    increasing) in a cache ``compacts`` takes: each accepted row's K/V moved to the next
+    contiguous position, every layer, in one call (the reference: a torch copy per row)."""
+    bs, src, dst = cache.block_size, array("q"), array("q")
+    for s, rows in moving.items():
+        ctx, blocks = cache.lengths[s], cache.blocks[s]
+        for i, r in enumerate(rows):
+            if r != i:
+                a, b = ctx + r, ctx + i
+                src.append(blocks[a // bs] * bs + a % bs)
+                dst.append(blocks[b // bs] * bs + b % bs)
+    if src:
+        k = cache.k
+        L, row = k.shape[0], k[0, 0, 0].numel() * k.element_size()
+        LIBRARY.lib.pack_kv_move(k.data_ptr(), cache.v.data_ptr(), L, k[0].numel() * k.element_size(), row,
+                                 _ptr(src), _ptr(dst), len(src))

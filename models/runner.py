@@ -375,7 +375,9 @@ class ModelRunner:
             if cache.lengths[s] + (rows[-1] + 1 if rows else 0) > cache.capacity(s):
                 raise ValueError(f"sequence {s}: accepted row {rows[-1]} lies outside the last step")
         moving = {s: rows for s, rows in accepted.items() if rows != list(range(len(rows)))}
-        if moving:
+        if moving and packing.compacts(cache):  # the compiled twin, on a host cache
+            packing.compact(cache, moving)
+        elif moving:
             seq_ids = list(moving)
             width = max(len(r) for r in moving.values())
             idx = torch.full((len(seq_ids), width), -1, dtype=torch.int32)

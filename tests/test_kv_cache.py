@@ -1,12 +1,16 @@
 """Paged KV cache bookkeeping; pool exhaustion leaves every other sequence intact."""
 
+import random
+
 import pytest
 import torch
 
 from helpers import ours_from_hf, tiny_hf_model
 from models.config import ModelConfig
 from models.kv_cache import KVCacheFull, PagedKVCache
+from kernels import cbuild
 from kernels.mask import pack_mask
+from models import packing
 from models.runner import StepInput
 
 CFG = ModelConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_layers=2, num_heads=2, num_kv_heads=1)
@@ -125,9 +129,38 @@ def test_warm_up_commit_moves_kv_on_a_scratch_sequence_and_frees_it(monkeypatch)
     backend, moved = runner.model.backend, []
     compact = backend.kv_compact
     monkeypatch.setattr(backend, "kv_compact", lambda *a: moved.append(a[-2].tolist()) or compact(*a))
+    monkeypatch.setattr(packing, "compacts", lambda cache: False)  # the backend's kernel, not the host twin
     runner.warm_up_commit()
     assert moved == [[[0, 2]]]
     assert runner.seq_ids == [0] and len(runner.cache.free_blocks) == free_before
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_compiled_compaction_moves_the_rows_the_reference_moves(seed):
+    """models/packing.py's compaction (one C call over every layer) against the backend's
+    reference (kernels.kv_ops.kv_compact_ref): the same caches bit for bit after random steps
+    of several sequences accepting random increasing rows."""
+    caches = []
+    for on in (True, False):
+        before = cbuild.set_host_compiled(on)
+        try:
+            runner = ours_from_hf(tiny_hf_model("llama"), cache_tokens=256, block_size=4, shuffle_seed=seed)
+            g = torch.Generator().manual_seed(seed)
+            runner.cache.k.copy_(torch.randn(runner.cache.k.shape, generator=g))
+            runner.cache.v.copy_(torch.randn(runner.cache.v.shape, generator=g))
+            r = random.Random(seed)
+            for s in range(3):
+                runner.add_sequence(s)
+            for _ in range(6):
+                steps = {s: r.randrange(1, 12) for s in range(3)}
+                runner.cache.reserve(steps)
+                runner.commit({s: sorted(r.sample(range(T), r.randrange(0, T + 1))) for s, T in steps.items()})
+            assert packing.compacts(runner.cache) == (on and packing.LIBRARY.get() is not None)
+            caches.append((runner.cache.k.clone(), runner.cache.v.clone(), dict(runner.cache.lengths)))
+        finally:
+            cbuild.set_host_compiled(before)
+    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+    assert caches[0][2] == caches[1][2]
 
 
 def _prepare_ref(runner, inputs):

@@ -83,3 +83,19 @@ void pack_step(int B, const int32_t *T, const int32_t *off, const int64_t *token
         cu[b + 1] = start;
     }
 }
+
+/* The accepted K/V moved to the next contiguous positions (kernels.kv_ops.kv_compact_ref) in a
+ * contiguous host cache of `layers` layers, each `layer_bytes` long, `row_bytes` per slot:
+ * slot src[i] -> dst[i] for i = 0, 1, ... in every layer of k and v. A sequence's sources lie
+ * after its destinations and are taken in increasing order, so no move overwrites a row still
+ * to be read (two rows are never the same slot: memcpy). */
+void pack_kv_move(char *k, char *v, int64_t layers, int64_t layer_bytes, int64_t row_bytes, const int64_t *src,
+                  const int64_t *dst, int n) {
+    for (int64_t l = 0; l < layers; l++) {
+        char *kl = k + l * layer_bytes, *vl = v + l * layer_bytes;
+        for (int i = 0; i < n; i++) {
+            memcpy(kl + dst[i] * row_bytes, kl + src[i] * row_bytes, (size_t)row_bytes);
+            memcpy(vl + dst[i] * row_bytes, vl + src[i] * row_bytes, (size_t)row_bytes);
+        }
+    }
+}
