@@ -56,10 +56,17 @@ def _aligned(sizes: list[int], align: int) -> tuple[list[int], int]:
     return starts, n
 
 
-def pack(cache, inputs: list, vocab: int, max_context: int, device
+# layouts whose host buffers and tensor views a runner keeps for its next steps (``pack``'s reuse)
+MAX_REUSED = 64
+
+
+def pack(cache, inputs: list, vocab: int, max_context: int, device, reuse: Optional[dict] = None
          ) -> Optional[tuple[torch.Tensor, StepMeta, Optional[torch.Tensor]]]:
     """``ModelRunner.prepare``'s result for ``inputs`` (each sequence in ``cache``, none twice:
-    the caller checked), the cache room reserved; None, with nothing reserved, for a step the
+    the caller checked), the cache room reserved. ``reuse`` (a dict the caller keeps; host
+    devices only): the buffers and tensors of an earlier step of the same layout are written
+    again and returned, so a step costs no tensor views (most of a small step's packing); the
+    caller must be done with that earlier step's tensors. None, with nothing reserved, for a step the
     reference must take (an explicit mask, or an input the checks refuse)."""
     lib = LIBRARY.lib
     B = len(inputs)
@@ -121,6 +128,16 @@ def pack(cache, inputs: list, vocab: int, max_context: int, device
     n_words = -(-max(t for t, tree in zip(T, trees) if tree) // 32) if any(trees) else 0
     R = sum(n_rows)
     with_idx = R != n
+    key = None
+    if reuse is not None and torch.device(device).type == "cpu":
+        key = (B, n, width, n_words, R if with_idx else -1, tuple(trees) if n_words else ())
+        kept = reuse.get(key)
+        if kept is not None:  # the same layout: the same offsets, views and padding (zero where unused)
+            i32, i64, at32, at64, packed = kept
+            lib.pack_step(B, *args, _ptr(blocks), _ptr(block_off), _ptr(n_blocks), cache.block_size, width, n_words,
+                          int(with_idx), _ptr(at32), _ptr(at64), _ptr(i32), _ptr(i64))
+            packed[1].max_seqlen_q = max(T)
+            return packed
     s32, n32 = _aligned([B + 1, n, B, B * width, n * n_words], 4)
     s64, n64 = _aligned([n, n, R if with_idx else 0], 2)
     i32, i64 = array("i", bytes(4 * n32)), array("q", bytes(8 * n64))
@@ -140,7 +157,12 @@ def pack(cache, inputs: list, vocab: int, max_context: int, device
         mask=v32[s32[4]:s32[4] + n * n_words].view(n, n_words) if n_words else None,
         causal=torch.tensor([not t for t in trees], dtype=torch.bool, device=device) if n_words else None,
     )
-    return v64[s64[0]:s64[0] + n], meta, v64[s64[2]:s64[2] + R] if with_idx else None
+    packed = v64[s64[0]:s64[0] + n], meta, v64[s64[2]:s64[2] + R] if with_idx else None
+    if key is not None:
+        if len(reuse) >= MAX_REUSED:
+            reuse.clear()
+        reuse[key] = (i32, i64, at32, at64, packed)
+    return packed
 
 
 def compacts(cache) -> bool:

@@ -72,6 +72,7 @@ class ModelRunner:
         self.cfg = model.cfg
         self.device = model.device
         self.cache = PagedKVCache(model.cfg, -(-cache_tokens // block_size), block_size, model.dtype, self.device)
+        self._packed: dict = {}  # the host buffers of earlier steps' layouts (prepare's reuse)
         options = getattr(model, "step_graphs", None)
         if graphs is None:
             graphs = options is not None
@@ -194,7 +195,7 @@ class ModelRunner:
     def step(self, inputs: list[StepInput], mark: Optional[Callable[[str], None]] = None) -> list[torch.Tensor]:
         """One forward for all ``inputs``; returns per input its logits rows (R_b, vocab) fp32.
         ``mark`` (a ``decoding.stats.StepClock.mark``) is told when the packing and the forward end."""
-        prepared = self.prepare(inputs)
+        prepared = self.prepare(inputs, reuse=True)
         if mark is not None:
             mark("pack")
         logits = self.forward(*prepared)
@@ -225,7 +226,7 @@ class ModelRunner:
                 top1, topk = argmax_topk_rows(lg, kk) if kk > 1 else (argmax_rows(lg), None)
                 out.append((StepLogits(self.model, tensor=lg), top1, topk))
             return out
-        prepared = self.prepare(inputs)
+        prepared = self.prepare(inputs, reuse=True)
         if mark is not None:
             mark("pack")
         h, top = self.forward_screened(*prepared, k=k)
@@ -287,18 +288,23 @@ class ModelRunner:
             emulated.pad(start, [b - a for a, b in zip(cu, cu[1:])], meta.context_lens.tolist())
         return logits
 
-    def prepare(self, inputs: list[StepInput]) -> tuple[torch.Tensor, StepMeta, Optional[torch.Tensor]]:
+    def prepare(self, inputs: list[StepInput], reuse: bool = False
+                ) -> tuple[torch.Tensor, StepMeta, Optional[torch.Tensor]]:
         """Check ``inputs``, reserve cache room for them and pack them into the model's
         arguments ``(tokens, meta, logits_idx)``; the forward is ``model(tokens, meta,
         cache.k, cache.v, logits_idx)``. Nothing is committed: calling the forward again with
-        the same arguments rewrites the same slots (the step benchmarks rely on this)."""
+        the same arguments rewrites the same slots (the step benchmarks rely on this).
+        ``reuse`` (the runner's own steps, done with a step's tensors before the next): on a
+        host device the tensors of an earlier step of the same layout are written again
+        (models/packing.py) instead of made anew."""
         cache = self.cache
         for inp in inputs:
             cache.check(inp.seq_id)
         if len({inp.seq_id for inp in inputs}) != len(inputs):
             raise ValueError("a sequence may appear only once in a step")
         if packing.enabled():  # the compiled twin (models/packing.py); None: the reference below takes it
-            packed = packing.pack(cache, inputs, self.cfg.vocab_size, self.max_context, self.device)
+            packed = packing.pack(cache, inputs, self.cfg.vocab_size, self.max_context, self.device,
+                                  self._packed if reuse else None)
             if packed is not None:
                 return packed
         return self._prepare_ref(inputs)

@@ -201,10 +201,12 @@ def _prepare_ref(runner, inputs):
                 idx=None if len(idx) == cu[-1] else torch.tensor(idx), max_q=max(len(i.tokens) for i in inputs))
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "reference"])
-def test_prepare_packs_every_field_as_the_plain_reference(compiled, monkeypatch):
+@pytest.mark.parametrize("compiled,reuse", [(True, False), (True, True), (False, False)],
+                         ids=["compiled", "compiled-reused", "reference"])
+def test_prepare_packs_every_field_as_the_plain_reference(compiled, reuse, monkeypatch):
     """Both packings (models/packing.py's C twin and ModelRunner._prepare_ref) against a plain
-    construction of every field."""
+    construction of every field; the C twin also writing again the buffers of an earlier step
+    of the same layout (``reuse``: every step twice, in turn)."""
     from kernels import cbuild
     from models import packing
 
@@ -230,8 +232,8 @@ def test_prepare_packs_every_field_as_the_plain_reference(compiled, monkeypatch)
          StepInput(1, [6], logits_rows=[0])],  # a tree beside a chain, rows out of order
         [StepInput(3, list(range(1, 70)), parents=[-1] + [i // 2 for i in range(68)])],  # 3 mask words
     ]
-    for step in steps:
-        tokens, meta, idx = runner.prepare(step)
+    for step in steps * (2 if reuse else 1):
+        tokens, meta, idx = runner.prepare(step, reuse=reuse)
         ref = _prepare_ref(runner, step)
         assert torch.equal(tokens, ref["tokens"]) and torch.equal(meta.positions, ref["positions"])
         assert torch.equal(meta.slot_mapping, ref["slots"]) and torch.equal(meta.cu_seqlens_q, ref["cu"])
@@ -242,6 +244,8 @@ def test_prepare_packs_every_field_as_the_plain_reference(compiled, monkeypatch)
         for t in (tokens, meta.positions, meta.slot_mapping, meta.cu_seqlens_q, meta.context_lens, meta.block_tables,
                   meta.mask, idx):
             assert t is None or t.data_ptr() % 16 == 0  # each piece aligned as a tensor of its own
+    if reuse:  # layouts met again wrote earlier buffers (the step with an explicit mask took the reference)
+        assert 0 < len(runner._packed) < 2 * (len(steps) - 1)
     # bad input: the reference's message, and nothing reserved
     free = len(runner.cache.free_blocks)
     for step, match in (([StepInput(0, [3, 99999])], "token ids"), ([StepInput(0, [3, 4], parents=[-1, 1])], "parents"),
