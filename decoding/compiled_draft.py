@@ -116,7 +116,7 @@ def check(rc: int, what: str) -> int:
 
 
 # ---- the suffix trie
-SUFFIX_NOMEM = -3  # suffix.c: an allocation failed
+SUFFIX_NOMEM, SUFFIX_BAD_PLACE = -3, -4  # suffix.c: an allocation failed; a place not of the trie
 
 
 def _declare_suffix(lib: ctypes.CDLL) -> None:
@@ -156,6 +156,8 @@ _DECLARE.append(_declare_suffix)
 def _nomem(rc: int, what: str) -> int:
     if rc == SUFFIX_NOMEM:
         raise MemoryError(f"{what}: the suffix trie could not grow its arrays")
+    if rc == SUFFIX_BAD_PLACE:
+        raise IndexError(f"{what}: not a place of this suffix trie")
     return rc
 
 
@@ -215,10 +217,10 @@ class CSuffixTrie:
     def occurrences(self, place) -> int:
         if place is None:
             return 0
-        return self._lib.suffix_count(self._t, place) if isinstance(place, int) else 1
+        return _nomem(self._lib.suffix_count(self._t, place), "occurrences") if isinstance(place, int) else 1
 
     def length(self, place) -> int:
-        return self._lib.suffix_level(self._t, place) if isinstance(place, int) else place[1]
+        return _nomem(self._lib.suffix_level(self._t, place), "length") if isinstance(place, int) else place[1]
 
     def _read_place(self):
         node, end, n = self._place
@@ -256,4 +258,5 @@ class CSuffixTrie:
         node, end, n = (place, 0, 0) if isinstance(place, int) else (-1, *place)
         cap = -1 if max_nodes is None else max(max_nodes, 0)  # a negative limit creates nothing, as in Python
         rc = self._grow(self._t, tree_buf.ref, node, end, n, max_depth, cap, min_prob, source)
-        check(_nomem(rc, "grow"), "grow")
+        if rc < 0:
+            check(_nomem(rc, "grow"), "grow")

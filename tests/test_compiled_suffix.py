@@ -182,3 +182,17 @@ def test_a_full_tree_buffer_is_an_error():
     LIB.tree_reset(buf.ref, 3)
     with pytest.raises(RuntimeError, match="full"):
         t.grow(buf, t.own_match(1), 8, None, 0.0, SUFFIX)
+
+
+def test_a_place_of_no_trie_is_an_error():
+    t = CSuffixTrie(depth=4)
+    t.extend([1, 2, 1])
+    buf = TreeBuf(8)
+    LIB.tree_reset(buf.ref, 1)
+    for bad in (7, -2, (-3, 1), (3, 1)):  # beyond the nodes; not a place; ends outside the text
+        with pytest.raises(IndexError):
+            t.continuations(bad)
+        with pytest.raises(IndexError):
+            t.grow(buf, bad, 3, 8, 0.0, SUFFIX)
+    with pytest.raises(IndexError):
+        t.occurrences(7)

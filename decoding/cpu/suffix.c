@@ -29,6 +29,7 @@
 
 enum { SEP = -1 };         /* in the text: the end of a stream (decoding/suffix.py's SEP) */
 enum { SUFFIX_NOMEM = -3 }; /* an allocation failed (TREE_NONE and TREE_FULL are -1, -2) */
+enum { SUFFIX_BAD_PLACE = -4 }; /* a place that is none of this trie's (it would read outside its arrays) */
 #define EMPTY_KEY UINT64_MAX /* no (parent, token) packs to it: parents are >= 0 */
 
 typedef struct {
@@ -205,8 +206,19 @@ int suffix_text_len(const SuffixTrie *t) { return t->text_len; }
 const int32_t *suffix_text(const SuffixTrie *t) { return t->text; }
 int suffix_n_active(const SuffixTrie *t) { return t->n_active; }
 const int32_t *suffix_active(const SuffixTrie *t) { return t->active; }
-int suffix_count(const SuffixTrie *t, int node) { return t->count[node]; }
-int suffix_level(const SuffixTrie *t, int node) { return t->level[node]; }
+/* a node's count and level; SUFFIX_BAD_PLACE if it is not a node */
+int suffix_count(const SuffixTrie *t, int node) {
+    return node >= 0 && node < t->n_nodes ? t->count[node] : SUFFIX_BAD_PLACE;
+}
+
+int suffix_level(const SuffixTrie *t, int node) {
+    return node >= 0 && node < t->n_nodes ? t->level[node] : SUFFIX_BAD_PLACE;
+}
+
+/* a node, or a once-seen place whose end is in the text (the places the trie gives out are) */
+static int valid(const SuffixTrie *t, int32_t node, int32_t end) {
+    return node >= 0 ? node < t->n_nodes : node == -1 && end >= 0 && end < t->text_len;
+}
 
 /* SuffixTrie.extend: 0, or SUFFIX_NOMEM (the tokens before the one it could not take are in) */
 int suffix_extend(SuffixTrie *t, const int32_t *tokens, int n) {
@@ -401,8 +413,10 @@ static int collect(SuffixTrie *t, int32_t node, int32_t end, int32_t len) {
 }
 
 /* SuffixTrie.continuations of (node, end, len): the number n of them, or SUFFIX_NOMEM; when
- * n <= cap, out[5 i .. 5 i + 4] = (token, node, end, len, occurrences) of the i-th, best first */
+ * n <= cap, out[5 i .. 5 i + 4] = (token, node, end, len, occurrences) of the i-th, best first;
+ * SUFFIX_BAD_PLACE */
 int suffix_continuations(SuffixTrie *t, int32_t node, int32_t end, int32_t len, int32_t *out, int cap) {
+    if (!valid(t, node, end)) return SUFFIX_BAD_PLACE;
     const int n = collect(t, node, end, len);
     if (n < 0 || n > cap) return n;
     for (int i = 0; i < n; i++) {
@@ -459,9 +473,10 @@ static Item pop(SuffixTrie *t, int32_t *n) {
 
 /* grow_tree(tree, trie, place, max_depth, max_nodes, min_prob, source): best-first by path
  * frequency from the place (node, end, len), hung under the tree's root (which may hold nodes
- * already). 0; TREE_FULL where the tree's buffers are full; SUFFIX_NOMEM. */
+ * already). 0; TREE_FULL where the tree's buffers are full; SUFFIX_NOMEM; SUFFIX_BAD_PLACE. */
 int suffix_grow(SuffixTrie *t, Tree *tree, int32_t node, int32_t end, int32_t len, int max_depth, int max_nodes,
                 double min_prob, int32_t source) {
+    if (!valid(t, node, end)) return SUFFIX_BAD_PLACE;
     int32_t n_heap = 0;
     int64_t tick = 0;
     const Item start = {-1.0, 0, node, end, len, 0};
