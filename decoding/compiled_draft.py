@@ -153,7 +153,7 @@ def _declare_suffix(lib: ctypes.CDLL) -> None:
 _DECLARE.append(_declare_suffix)
 
 
-def _nomem(rc: int, what: str) -> int:
+def _suffix_rc(rc: int, what: str) -> int:
     if rc == SUFFIX_NOMEM:
         raise MemoryError(f"{what}: the suffix trie could not grow its arrays")
     if rc == SUFFIX_BAD_PLACE:
@@ -166,7 +166,8 @@ class CSuffixTrie:
     the same Python values (a node id, or ``(end, length)`` of a substring seen once), and
     ``grow`` is ``grow_tree`` into a ``TreeBuf``. ``text`` and ``active`` are copies (for
     inspection and tests); the reference's ``child`` / ``count`` / ``last`` / ``level`` lists
-    are not kept (``occurrences`` / ``length`` read them)."""
+    are not kept (``occurrences`` / ``length`` read them). One thread at a time: ctypes calls
+    run without the GIL and a trie keeps its scratch buffers (grow's heap, continuations)."""
 
     def __init__(self, depth: int, max_nodes: int = 1 << 30):
         lib = LIBRARY.get()
@@ -209,18 +210,18 @@ class CSuffixTrie:
     def extend(self, tokens) -> None:
         if len(tokens):
             buf = array("i", tokens)
-            _nomem(self._extend(self._t, buf.buffer_info()[0], len(buf)), "extend")
+            _suffix_rc(self._extend(self._t, buf.buffer_info()[0], len(buf)), "extend")
 
     def new_stream(self) -> None:
-        _nomem(self._lib.suffix_new_stream(self._t), "new_stream")
+        _suffix_rc(self._lib.suffix_new_stream(self._t), "new_stream")
 
     def occurrences(self, place) -> int:
         if place is None:
             return 0
-        return _nomem(self._lib.suffix_count(self._t, place), "occurrences") if isinstance(place, int) else 1
+        return _suffix_rc(self._lib.suffix_count(self._t, place), "occurrences") if isinstance(place, int) else 1
 
     def length(self, place) -> int:
-        return _nomem(self._lib.suffix_level(self._t, place), "length") if isinstance(place, int) else place[1]
+        return _suffix_rc(self._lib.suffix_level(self._t, place), "length") if isinstance(place, int) else place[1]
 
     def _read_place(self):
         node, end, n = self._place
@@ -229,10 +230,10 @@ class CSuffixTrie:
     def continuations(self, place) -> list:
         node, end, n = (place, 0, 0) if isinstance(place, int) else (-1, *place)
         cont = self._cont
-        k = _nomem(self._conts(self._t, node, end, n, _ptr(cont), len(cont) // 5), "continuations")
+        k = _suffix_rc(self._conts(self._t, node, end, n, _ptr(cont), len(cont) // 5), "continuations")
         if k > len(cont) // 5:
             cont = self._cont = array("i", bytes(4 * 5 * 2 * k))
-            k = _nomem(self._conts(self._t, node, end, n, _ptr(cont), len(cont) // 5), "continuations")
+            k = _suffix_rc(self._conts(self._t, node, end, n, _ptr(cont), len(cont) // 5), "continuations")
         flat = cont[:5 * k].tolist()
         return [(flat[i], flat[i + 1] if flat[i + 1] >= 0 else (flat[i + 2], flat[i + 3]), flat[i + 4])
                 for i in range(0, 5 * k, 5)]
@@ -259,4 +260,4 @@ class CSuffixTrie:
         cap = -1 if max_nodes is None else max(max_nodes, 0)  # a negative limit creates nothing, as in Python
         rc = self._grow(self._t, tree_buf.ref, node, end, n, max_depth, cap, min_prob, source)
         if rc < 0:
-            check(_nomem(rc, "grow"), "grow")
+            check(_suffix_rc(rc, "grow"), "grow")
