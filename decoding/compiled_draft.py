@@ -162,10 +162,9 @@ def _ok(rc: int, what: str) -> int:
     return rc
 
 
-def _max_nodes(max_nodes: int | None) -> int:
-    """StepTree's max_nodes as tree.h's: None is no limit (-1 there); a negative limit admits no
-    new node in StepTree.add_child (num_candidates >= max_nodes), as 0 does."""
-    return -1 if max_nodes is None else max(max_nodes, 0)
+# max_nodes below, StepTree's as tree.h's, written inline (a helper would add a Python call): None is no limit (-1
+# there); a negative limit admits no new node in StepTree.add_child (num_candidates >=
+# max_nodes), as 0 does: max(max_nodes, 0).
 
 
 class CNgramPool:
@@ -217,8 +216,9 @@ class CNgramPool:
     def add_chains(self, tree_buf: TreeBuf, key: int, guesses: int, max_depth: int, max_nodes: int | None) -> int:
         """``for ngram, origin in pool.items(key)[:guesses]: tree.add_chain(list(ngram[:max_depth]),
         origin, max_nodes)`` on the tree in ``tree_buf``; returns the chains merged."""
-        return _ok(self._chains(self._h, tree_buf.ref, key, guesses, max_depth, _max_nodes(max_nodes)),
-                   "CNgramPool.add_chains")
+        rc = self._chains(self._h, tree_buf.ref, key, guesses, max_depth,
+                          -1 if max_nodes is None else max(max_nodes, 0))
+        return rc if rc >= 0 else _ok(rc, "CNgramPool.add_chains")
 
 
 class CTable:
@@ -254,7 +254,7 @@ class CTable:
     def merge_into(self, other: "CTable") -> int:
         """Rows of this table for tokens ``other`` has none for, copied into ``other`` (in this
         table's order); returns how many."""
-        return _ok(self._merge(self._h, other._h), f"CTable.merge_into (rows of {self.top_k} into {other.top_k})")
+        return _ok(self._merge(self._h, other._h), "CTable.merge_into (a row longer than the other's top_k?)")
 
     def refresh(self, tokens, rows) -> None:
         """``table[tok] = row`` for tok, row in zip(tokens, rows); the rows of one call have one
@@ -262,19 +262,24 @@ class CTable:
         n = min(len(tokens), len(rows))
         if n == 0:
             return
-        k = len(rows[0])
-        flat = array("i")
-        for r in rows[:n]:
-            if len(r) != k:
-                raise ValueError(f"CTable.refresh: rows of one call have one length, got {k} and {len(r)}")
-            flat.extend(r)
-        self.refresh_flat(array("i", tokens[:n]), flat, k)
+        rows = rows[:n]
+        lens = set(map(len, rows))
+        if len(lens) > 1:
+            raise ValueError(f"CTable.refresh: rows of one call have one length, got {sorted(lens)}")
+        self.refresh_flat(array("i", tokens[:n]), array("i", [x for r in rows for x in r]), len(rows[0]))
 
     def refresh_flat(self, tokens: array, rows_flat: array, k: int) -> None:
         """``refresh`` with the rows back to back in one array (k tokens each)."""
         if len(rows_flat) < len(tokens) * k:
             raise ValueError(f"CTable.refresh_flat: {len(rows_flat)} tokens for {len(tokens)} rows of {k}")
         _ok(self._refresh(self._h, _ptr(tokens), _ptr(rows_flat), len(tokens), k), "CTable.refresh")
+
+    def refresh_at(self, tokens_addr: int, rows_addr: int, n: int, k: int) -> None:
+        """``refresh`` from memory the caller holds alive: n int32 tokens at ``tokens_addr`` and
+        n rows of k int32 tokens back to back at ``rows_addr`` (e.g. contiguous int32 CPU
+        tensors' ``data_ptr()``): the model's top-k rows need not become Python lists, which
+        costs more than the reference's refresh (it stores the lists it is given)."""
+        _ok(self._refresh(self._h, tokens_addr, rows_addr, n, k), "CTable.refresh")
 
     def get(self, tok: int, default=None):
         n = self._get(self._h, tok, _ptr(self._row))
@@ -303,8 +308,10 @@ class CTable:
         """recycle.grow_tree(tree, self, widths, max_depth, max_nodes, source) on the tree in
         ``tree_buf``."""
         w = array("i", widths)
-        _ok(self._grow(self._h, tree_buf.ref, _ptr(w), len(w), max_depth, _max_nodes(max_nodes), source),
-            "CTable.grow")
+        rc = self._grow(self._h, tree_buf.ref, w.buffer_info()[0], len(w), max_depth,
+                        -1 if max_nodes is None else max(max_nodes, 0), source)
+        if rc < 0:
+            _ok(rc, "CTable.grow")
 
 
 class CHistory:
@@ -321,7 +328,7 @@ class CHistory:
         self._free, self._append, self._truncate, self._len = lib.hist_free, lib.hist_append, lib.hist_truncate, \
             lib.hist_len
         self._search, self._add = lib.hist_search, lib.hist_add_to_tree
-        self._out: dict[tuple[int, int], tuple[array, array]] = {}  # (num_candidates, k) -> search's buffers
+        self._out: dict[tuple[int, int], tuple] = {}  # (num_candidates, k) -> search's buffers, their pointers
         if len(tokens):
             self.extend(tokens)
 
@@ -347,11 +354,8 @@ class CHistory:
         """Keep the first ``n`` tokens."""
         _ok(self._truncate(self._h, n), f"CHistory.truncate({n}) of {len(self)}")
 
-    def _args(self, min_n, max_n, k, num_candidates, prefer, partial) -> tuple:
-        recent = _PREFER.get(prefer)
-        if recent is None:
-            raise ValueError(f"prefer must be 'first' or 'recent', got {prefer!r}")
-        return min_n, max_n, k, num_candidates, recent, 1 if partial else 0
+    def _fail(self, rc: int, what: str, min_n, max_n, k, num_candidates) -> None:
+        _ok(rc, f"CHistory.{what}(min_n={min_n}, max_n={max_n}, k={k}, num_candidates={num_candidates})")
 
     def search(self, *, min_n: int, max_n: int, k: int, num_candidates: int = 1, prefer: str = "first",
                partial: bool = True) -> list[list[int]]:
@@ -359,18 +363,26 @@ class CHistory:
         if bufs is None:
             if num_candidates < 1 or k < 1:
                 raise ValueError(f"CHistory.search: k={k}, num_candidates={num_candidates} must be >= 1")
-            bufs = self._out[num_candidates, k] = (array("i", bytes(4 * num_candidates * k)),
-                                                   array("i", bytes(4 * num_candidates)))
-        toks, lens = bufs
-        found = _ok(self._search(self._h, *self._args(min_n, max_n, k, num_candidates, prefer, partial),
-                                 _ptr(toks), _ptr(lens)),
-                    f"CHistory.search(min_n={min_n}, max_n={max_n}, k={k}, num_candidates={num_candidates})")
+            toks, lens = array("i", bytes(4 * num_candidates * k)), array("i", bytes(4 * num_candidates))
+            bufs = self._out[num_candidates, k] = (toks, lens, _ptr(toks), _ptr(lens))
+        recent = _PREFER.get(prefer)
+        if recent is None:
+            raise ValueError(f"prefer must be 'first' or 'recent', got {prefer!r}")
+        toks, lens, toks_p, lens_p = bufs
+        found = self._search(self._h, min_n, max_n, k, num_candidates, recent, partial, toks_p, lens_p)
+        if found < 0:
+            self._fail(found, "search", min_n, max_n, k, num_candidates)
         return [toks[c * k:c * k + lens[c]].tolist() for c in range(found)]
 
     def add_to_tree(self, tree_buf: TreeBuf, *, min_n: int, max_n: int, k: int, num_candidates: int = 1,
                     prefer: str = "first", partial: bool = True, max_depth: int, max_nodes: int | None,
                     source: int = PLD) -> int:
         """The search's chains merged into the tree in ``tree_buf``; returns how many were found."""
-        return _ok(self._add(self._h, tree_buf.ref, *self._args(min_n, max_n, k, num_candidates, prefer, partial),
-                             max_depth, _max_nodes(max_nodes), source),
-                   f"CHistory.add_to_tree(min_n={min_n}, max_n={max_n}, k={k}, num_candidates={num_candidates})")
+        recent = _PREFER.get(prefer)
+        if recent is None:
+            raise ValueError(f"prefer must be 'first' or 'recent', got {prefer!r}")
+        found = self._add(self._h, tree_buf.ref, min_n, max_n, k, num_candidates, recent, partial, max_depth,
+                          -1 if max_nodes is None else max(max_nodes, 0), source)
+        if found < 0:
+            self._fail(found, "add_to_tree", min_n, max_n, k, num_candidates)
+        return found

@@ -118,6 +118,9 @@ def test_table_exact():
         shared[4]
     shared.refresh([1, 3, 1], [[3, 4], [5, 6], [7, 7]])  # later rows win
     assert shared.items() == [(2, [9, 8]), (1, [7, 7]), (3, [5, 6])]
+    toks, rows = array("i", [4, 2]), array("i", [1, 1, 2, 2])
+    shared.refresh_at(_ptr(toks), _ptr(rows), 2, 2)
+    assert shared.items() == [(2, [2, 2]), (1, [7, 7]), (3, [5, 6]), (4, [1, 1])]
     buf = TreeBuf(16)
     LIB.tree_reset(buf.ref, 1)
     c.grow(buf, (2, 1), max_depth=5, max_nodes=10)

@@ -429,6 +429,7 @@ typedef struct {
     int32_t len, cap;
     int32_t *found_start, *found_len; /* the search's continuations, as spans of the history */
     int32_t found_cap, found_len_cap;
+    int32_t *at, at_cap; /* the search's scratch: where the last token occurs before */
 } History;
 
 History *hist_create(void) { return calloc(1, sizeof(History)); }
@@ -438,6 +439,7 @@ void hist_free(History *h) {
     free(h->tok);
     free(h->found_start);
     free(h->found_len);
+    free(h->at);
     free(h);
 }
 
@@ -466,22 +468,35 @@ int hist_truncate(History *h, int n) {
  * (i <= L - n - 1) equal to the last n tokens, i increasing ("first") or decreasing
  * ("recent"), gives h[i+n : i+n+k] -- cut at L when partial; else skipped unless
  * i + n + k <= L and i + n < L - n -- unless an equal continuation was found already; until
- * num_candidates are found. The scan compares each window's last token first. */
+ * num_candidates are found.
+ * A window ends with the last token, at j = i + n - 1 <= L - 2, whatever n: one pass over the
+ * history lists those j (branch-free, so it costs about a cycle a token), and each n walks
+ * the list instead of the history. */
 static int search(History *h, int min_n, int max_n, int k, int num_candidates, int recent, int partial) {
     if (min_n < 1 || max_n < min_n || k < 1 || num_candidates < 1) return TAB_BADARG;
     int rc = reserve((void **)&h->found_start, &h->found_cap, num_candidates, sizeof(int32_t));
     if (rc) return rc;
     if ((rc = reserve((void **)&h->found_len, &h->found_len_cap, num_candidates, sizeof(int32_t)))) return rc;
-    const int32_t *x = h->tok;
-    const int L = h->len;
-    int32_t *fs = h->found_start, *fl = h->found_len;
+    const int L = h->len, top = max_n < L - 1 ? max_n : L - 1;
+    if (top < min_n) return 0;
+    if ((rc = reserve((void **)&h->at, &h->at_cap, L, sizeof(int32_t)))) return rc;
+    const int32_t *x = h->tok, last = x[L - 1];
+    int32_t *at = h->at, *fs = h->found_start, *fl = h->found_len;
+    int n_at = 0;
+    for (int j = 0; j + 1 < L; j++) {
+        at[n_at] = j;
+        n_at += x[j] == last;
+    }
     int found = 0;
-    for (int n = max_n < L - 1 ? max_n : L - 1; n >= min_n && found < num_candidates; n--) {
-        const int32_t *tail = x + L - n, last = x[L - 1];
-        const int hi = L - n - 1; /* the last window start */
-        for (int r = 0; r <= hi; r++) {
-            const int i = recent ? hi - r : r;
-            if (x[i + n - 1] != last || memcmp(x + i, tail, (size_t)(n - 1) * sizeof *x) != 0) continue;
+    for (int n = top; n >= min_n && found < num_candidates; n--) {
+        const int32_t *tail = x + L - n;
+        for (int r = 0; r < n_at; r++) {
+            const int i = (recent ? at[n_at - 1 - r] : at[r]) - n + 1;
+            if (i < 0) {
+                if (recent) break; /* every later j in this order is smaller */
+                continue;
+            }
+            if (memcmp(x + i, tail, (size_t)(n - 1) * sizeof *x) != 0) continue;
             const int start = i + n;
             int64_t end = (int64_t)start + k;
             if (partial) {
