@@ -365,7 +365,8 @@ int table_refresh(Table *t, const int32_t *tokens, const int32_t *rows_flat, int
     for (int i = 0; i < n_rows; i++) {
         const int32_t e = entry_of(t, tokens[i]);
         if (e < 0) return e;
-        memcpy(t->rows + (size_t)e * t->top_k, rows_flat + (size_t)i * k, (size_t)k * sizeof *rows_flat);
+        if (k > 0) /* rows of none may come as a null pointer */
+            memcpy(t->rows + (size_t)e * t->top_k, rows_flat + (size_t)i * k, (size_t)k * sizeof *rows_flat);
         t->lens[e] = k;
     }
     return 0;
