@@ -24,11 +24,11 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Optional
 
-from decoding.tree import StepTree
+from decoding.tree import PLD, POOL, RECYCLE, StepTree
 from kernels import cbuild
 
 CPU = Path(__file__).with_name("cpu")
-SOURCES = [CPU / "tree.c", CPU / "suffix.c"]
+SOURCES = [CPU / "tree.c", CPU / "suffix.c", CPU / "tables.c"]
 HEADERS = [CPU / "tree.h"]
 FLAGS = ["-O2", "-std=c11", "-shared", "-fPIC"]
 
@@ -310,3 +310,276 @@ class CSuffixTrie:
         rc = self._grow(self._t, tree_buf.ref, node, end, n, max_depth, cap, min_prob, source)
         if rc < 0:
             check(_suffix_rc(rc, "grow"), "grow")
+
+
+# ---- n-gram pool, recycled table, prompt-lookup history ------------------------------------
+# decoding/cpu/tables.c. Each class holds one C object (freed in __del__) and keeps its C
+# functions as attributes, so that a call is one ctypes call on int pointers. Token lists are
+# passed as array('i') (built here from any sequence of ints); where C refuses the arguments
+# (TAB_BADARG) a ValueError says so, and an allocation it could not make is a MemoryError.
+TAB_NOMEM, TAB_BADARG = -3, -4
+_PREFER = {"first": 0, "recent": 1}
+
+
+def _declare_tables(lib: ctypes.CDLL) -> None:
+    p, i = ctypes.c_void_p, ctypes.c_int
+    for name, args, res in (
+            ("pool_create", [i, i], p), ("pool_free", [p], None), ("pool_total", [p], ctypes.c_int64),
+            ("pool_add", [p, p, i, i], i), ("pool_add_all", [p, p, i, i], i), ("pool_count", [p, i], i),
+            ("pool_items", [p, i, p, p], i), ("pool_add_chains", [p, p, i, i, i, i], i),
+            ("table_create", [i], p), ("table_free", [p], None), ("table_len", [p], i), ("table_top_k", [p], i),
+            ("table_seed", [p, p, i], i), ("table_merge_into", [p, p], i), ("table_refresh", [p, p, p, i, i], i),
+            ("table_get", [p, i, p], i), ("table_entry", [p, i, p, p], i),
+            ("table_grow", [p, p, p, i, i, i, i], i),
+            ("hist_create", [], p), ("hist_free", [p], None), ("hist_len", [p], i), ("hist_append", [p, p, i], i),
+            ("hist_truncate", [p, i], i), ("hist_search", [p, i, i, i, i, i, i, p, p], i),
+            ("hist_add_to_tree", [p, p] + [i] * 9, i)):
+        f = getattr(lib, name)
+        f.argtypes, f.restype = args, res
+
+
+_DECLARE.append(_declare_tables)
+
+
+def _lib() -> ctypes.CDLL:
+    lib = LIBRARY.get()
+    if lib is None:
+        raise RuntimeError(f"the compiled drafting is not built: {LIBRARY.reason}")
+    return lib
+
+
+def _ok(rc: int, what: str) -> int:
+    """rc, unless it is one of tables.c's or tree.h's errors."""
+    if rc < 0:
+        if rc == TAB_NOMEM:
+            raise MemoryError(f"{what}: out of memory")
+        if rc == TAB_BADARG:
+            raise ValueError(f"{what}: invalid arguments")
+        check(rc, what)
+    return rc
+
+
+# max_nodes below, StepTree's as tree.h's, written inline (a helper would add a Python call): None is no limit (-1
+# there); a negative limit admits no new node in StepTree.add_child (num_candidates >=
+# max_nodes), as 0 does: max(max_nodes, 0).
+
+
+class CNgramPool:
+    """NgramPool (decoding/ngram_pool.py) in C: the same API, the same contents and order;
+    ``add_chains`` merges the pool's n-grams after ``key`` into a step tree as
+    Lookahead.propose does."""
+
+    def __init__(self, n: int, capacity: int):
+        lib = _lib()
+        self.n, self.capacity = n, capacity
+        # a negative capacity keeps nothing in the reference (every n-gram added is popped): 0 here
+        self._h = lib.pool_create(n, max(capacity, 0))
+        if not self._h:
+            raise ValueError(f"CNgramPool(n={n}, capacity={capacity}): n must be >= 1 (or out of memory)")
+        self._free = lib.pool_free
+        self._add, self._add_all, self._count = lib.pool_add, lib.pool_add_all, lib.pool_count
+        self._items, self._chains, self._total = lib.pool_items, lib.pool_add_chains, lib.pool_total
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            self._free(self._h)
+            self._h = None
+
+    def add(self, ngram, origin: int = POOL) -> None:
+        a = array("i", ngram)
+        _ok(self._add(self._h, _ptr(a), len(a), origin), "CNgramPool.add")
+
+    def add_all(self, tokens, start: int = 0) -> None:
+        """NgramPool.add_all; only the tokens the new n-grams hold cross to C."""
+        lo = max(0, start - self.n + 1)
+        a = array("i", tokens[lo:])
+        _ok(self._add_all(self._h, _ptr(a), len(a), start - lo), "CNgramPool.add_all")
+
+    def items(self, key: int) -> list[tuple[tuple, int]]:
+        count = self._count(self._h, key)
+        if count == 0:
+            return []
+        m = self.n - 1
+        rest, origin = array("i", bytes(4 * max(1, count * m))), array("i", bytes(4 * count))
+        self._items(self._h, key, _ptr(rest), _ptr(origin))
+        return [(tuple(rest[c * m:(c + 1) * m]), origin[c]) for c in range(count)]
+
+    def get(self, key: int) -> list[tuple]:
+        return [rest for rest, _ in self.items(key)]
+
+    def __len__(self) -> int:
+        return self._total(self._h)
+
+    def add_chains(self, tree_buf: TreeBuf, key: int, guesses: int, max_depth: int, max_nodes: int | None) -> int:
+        """``for ngram, origin in pool.items(key)[:guesses]: tree.add_chain(list(ngram[:max_depth]),
+        origin, max_nodes)`` on the tree in ``tree_buf``; returns the chains merged."""
+        rc = self._chains(self._h, tree_buf.ref, key, guesses, max_depth,
+                          -1 if max_nodes is None else max(max_nodes, 0))
+        return rc if rc >= 0 else _ok(rc, "CNgramPool.add_chains")
+
+
+class CTable:
+    """The token-recycling table (decoding/recycle.py's ``Table``: token -> its top-k next
+    tokens, best first) in C, rows of at most ``top_k`` tokens. ``seed`` is
+    ``seed_table(tokens, top_k, self)``; ``merge_into(other)`` is
+    ``for tok, row in self.items(): other.setdefault(tok, row)`` (Recycle.init_state seeds a
+    fresh table from the prompt and merges it into the sequence's or the shared one);
+    ``refresh`` is ``refresh``; ``grow`` is ``grow_tree``. ``items()`` is in the order the
+    reference's dict has (tokens in the order they first entered)."""
+
+    def __init__(self, top_k: int):
+        lib = _lib()
+        self._h = lib.table_create(top_k)
+        if not self._h:
+            raise ValueError(f"CTable(top_k={top_k}): top_k must be >= 1 (or out of memory)")
+        self.top_k = top_k
+        self._row = array("i", bytes(4 * top_k))
+        self._token = ctypes.c_int32()
+        self._free = lib.table_free
+        self._seed, self._merge, self._refresh = lib.table_seed, lib.table_merge_into, lib.table_refresh
+        self._get, self._entry, self._len, self._grow = lib.table_get, lib.table_entry, lib.table_len, lib.table_grow
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            self._free(self._h)
+            self._h = None
+
+    def seed(self, tokens) -> None:
+        a = array("i", tokens)
+        _ok(self._seed(self._h, _ptr(a), len(a)), "CTable.seed")
+
+    def merge_into(self, other: "CTable") -> int:
+        """Rows of this table for tokens ``other`` has none for, copied into ``other`` (in this
+        table's order); returns how many."""
+        return _ok(self._merge(self._h, other._h), "CTable.merge_into (a row longer than the other's top_k?)")
+
+    def refresh(self, tokens, rows) -> None:
+        """``table[tok] = row`` for tok, row in zip(tokens, rows); the rows of one call have one
+        length (<= top_k), as Outcome.top_rows gives them."""
+        n = min(len(tokens), len(rows))
+        if n == 0:
+            return
+        rows = rows[:n]
+        lens = set(map(len, rows))
+        if len(lens) > 1:
+            raise ValueError(f"CTable.refresh: rows of one call have one length, got {sorted(lens)}")
+        self.refresh_flat(array("i", tokens[:n]), array("i", [x for r in rows for x in r]), len(rows[0]))
+
+    def refresh_flat(self, tokens: array, rows_flat: array, k: int) -> None:
+        """``refresh`` with the rows back to back in one array (k tokens each)."""
+        if len(rows_flat) < len(tokens) * k:
+            raise ValueError(f"CTable.refresh_flat: {len(rows_flat)} tokens for {len(tokens)} rows of {k}")
+        _ok(self._refresh(self._h, _ptr(tokens), _ptr(rows_flat), len(tokens), k), "CTable.refresh")
+
+    def refresh_at(self, tokens_addr: int, rows_addr: int, n: int, k: int) -> None:
+        """``refresh`` from memory the caller holds alive: n int32 tokens at ``tokens_addr`` and
+        n rows of k int32 tokens back to back at ``rows_addr`` (e.g. contiguous int32 CPU
+        tensors' ``data_ptr()``): the model's top-k rows need not become Python lists, which
+        costs more than the reference's refresh (it stores the lists it is given)."""
+        _ok(self._refresh(self._h, tokens_addr, rows_addr, n, k), "CTable.refresh")
+
+    def get(self, tok: int, default=None):
+        n = self._get(self._h, tok, _ptr(self._row))
+        return default if n < 0 else self._row[:n].tolist()
+
+    def __getitem__(self, tok: int) -> list[int]:
+        n = self._get(self._h, tok, _ptr(self._row))
+        if n < 0:
+            raise KeyError(tok)
+        return self._row[:n].tolist()
+
+    def __contains__(self, tok: int) -> bool:
+        return self._get(self._h, tok, _ptr(self._row)) >= 0
+
+    def __len__(self) -> int:
+        return self._len(self._h)
+
+    def items(self) -> list[tuple[int, list[int]]]:
+        out = []
+        for e in range(self._len(self._h)):
+            n = self._entry(self._h, e, ctypes.byref(self._token), _ptr(self._row))
+            out.append((self._token.value, self._row[:n].tolist()))
+        return out
+
+    def grow(self, tree_buf: TreeBuf, widths, max_depth: int, max_nodes: int | None, source: int = RECYCLE) -> None:
+        """recycle.grow_tree(tree, self, widths, max_depth, max_nodes, source) on the tree in
+        ``tree_buf``."""
+        w = array("i", widths)
+        rc = self._grow(self._h, tree_buf.ref, w.buffer_info()[0], len(w), max_depth,
+                        -1 if max_nodes is None else max(max_nodes, 0), source)
+        if rc < 0:
+            _ok(rc, "CTable.grow")
+
+
+class CHistory:
+    """A sequence's tokens in C, appended to as it grows, and prompt lookup's search over them:
+    ``search`` is ``ngram_match_lists([tokens], ...)[0]``; ``add_to_tree`` merges what it finds
+    into a step tree (``tree.add_chain(chain[:max_depth], source, max_nodes)`` per chain, in
+    order)."""
+
+    def __init__(self, tokens=()):
+        lib = _lib()
+        self._h = lib.hist_create()
+        if not self._h:
+            raise MemoryError("CHistory: out of memory")
+        self._free, self._append, self._truncate, self._len = lib.hist_free, lib.hist_append, lib.hist_truncate, \
+            lib.hist_len
+        self._search, self._add = lib.hist_search, lib.hist_add_to_tree
+        self._out: dict[tuple[int, int], tuple] = {}  # (num_candidates, k) -> search's buffers, their pointers
+        if len(tokens):
+            self.extend(tokens)
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            self._free(self._h)
+            self._h = None
+
+    def __len__(self) -> int:
+        return self._len(self._h)
+
+    def extend(self, tokens) -> None:
+        a = array("i", tokens)
+        _ok(self._append(self._h, _ptr(a), len(a)), "CHistory.extend")
+
+    def sync(self, tokens) -> None:
+        """Append what ``tokens`` holds beyond this history (which is its prefix)."""
+        n = self._len(self._h)
+        if len(tokens) > n:
+            self.extend(tokens[n:])
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` tokens."""
+        _ok(self._truncate(self._h, n), f"CHistory.truncate({n}) of {len(self)}")
+
+    def _fail(self, rc: int, what: str, min_n, max_n, k, num_candidates) -> None:
+        _ok(rc, f"CHistory.{what}(min_n={min_n}, max_n={max_n}, k={k}, num_candidates={num_candidates})")
+
+    def search(self, *, min_n: int, max_n: int, k: int, num_candidates: int = 1, prefer: str = "first",
+               partial: bool = True) -> list[list[int]]:
+        bufs = self._out.get((num_candidates, k))
+        if bufs is None:
+            if num_candidates < 1 or k < 1:
+                raise ValueError(f"CHistory.search: k={k}, num_candidates={num_candidates} must be >= 1")
+            toks, lens = array("i", bytes(4 * num_candidates * k)), array("i", bytes(4 * num_candidates))
+            bufs = self._out[num_candidates, k] = (toks, lens, _ptr(toks), _ptr(lens))
+        recent = _PREFER.get(prefer)
+        if recent is None:
+            raise ValueError(f"prefer must be 'first' or 'recent', got {prefer!r}")
+        toks, lens, toks_p, lens_p = bufs
+        found = self._search(self._h, min_n, max_n, k, num_candidates, recent, partial, toks_p, lens_p)
+        if found < 0:
+            self._fail(found, "search", min_n, max_n, k, num_candidates)
+        return [toks[c * k:c * k + lens[c]].tolist() for c in range(found)]
+
+    def add_to_tree(self, tree_buf: TreeBuf, *, min_n: int, max_n: int, k: int, num_candidates: int = 1,
+                    prefer: str = "first", partial: bool = True, max_depth: int, max_nodes: int | None,
+                    source: int = PLD) -> int:
+        """The search's chains merged into the tree in ``tree_buf``; returns how many were found."""
+        recent = _PREFER.get(prefer)
+        if recent is None:
+            raise ValueError(f"prefer must be 'first' or 'recent', got {prefer!r}")
+        found = self._add(self._h, tree_buf.ref, min_n, max_n, k, num_candidates, recent, partial, max_depth,
+                          -1 if max_nodes is None else max(max_nodes, 0), source)
+        if found < 0:
+            self._fail(found, "add_to_tree", min_n, max_n, k, num_candidates)
+        return found

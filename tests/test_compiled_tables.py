@@ -1,0 +1,247 @@
+"""decoding/cpu/tables.c (decoding/compiled_draft.py's CNgramPool, CTable, CHistory) against their
+Python references: NgramPool and Lookahead.propose's pool loop, recycle.seed_table / refresh /
+grow_tree and init_state's setdefault merge, ngram_match_lists and prompt lookup's add_chain
+loop. Equal contents in equal order, and equal step trees (StepTree ==), on exact examples and
+random inputs over small vocabularies (so that n-grams repeat)."""
+
+import random
+from array import array
+
+import pytest
+
+from decoding import compiled_draft
+from decoding.compiled_draft import CHistory, CNgramPool, CTable, TreeBuf, _ptr
+from decoding.ngram_pool import NgramPool
+from decoding.recycle import grow_tree, refresh, seed_table
+from decoding.tree import HARVEST, PLD, POOL, RECYCLE, SUFFIX, WINDOW, StepTree
+from kernels.ngram_match import ngram_match_lists
+
+LIB = compiled_draft.LIBRARY.get()
+pytestmark = pytest.mark.skipif(LIB is None, reason=f"not built: {compiled_draft.LIBRARY.reason}")
+
+
+def tree_pair(rng: random.Random, root: int, vocab: int, filled: bool = True) -> tuple[StepTree, TreeBuf]:
+    """The same tree as a StepTree and in a TreeBuf: the root, and when ``filled`` a few chains
+    and a private chain made the same way on both."""
+    ref, buf = StepTree.root(root), TreeBuf(512)
+    assert LIB.tree_reset(buf.ref, root) == 0
+    for _ in range(rng.randrange(4) if filled else 0):
+        chain = [rng.randrange(vocab) for _ in range(rng.randrange(1, 4))]
+        a = array("i", chain)
+        if rng.random() < 0.2:
+            ref.add_private_chain(0, chain, WINDOW, group=0)
+            LIB.tree_add_private(buf.ref, 0, _ptr(a), len(a), WINDOW, 0, None)
+        else:
+            src = rng.choice([PLD, SUFFIX])
+            ref.add_chain(chain, src)
+            LIB.tree_add_chain(buf.ref, _ptr(a), len(a), src, -1, None)
+    assert buf.step_tree() == ref
+    return ref, buf
+
+
+# ---- the n-gram pool -----------------------------------------------------------------------
+def test_pool_exact():
+    p = CNgramPool(3, 2)
+    p.add((1, 2, 3))
+    p.add([1, 4, 5], HARVEST)
+    p.add((1, 2, 3), HARVEST)  # refreshed: moves to the end, stays POOL
+    p.add((1, 2))  # wrong length: nothing
+    assert p.items(1) == [((2, 3), POOL), ((4, 5), HARVEST)]
+    p.add((1, 6, 7), HARVEST)  # (4, 5) is the least recent: out
+    assert p.items(1) == [((6, 7), HARVEST), ((2, 3), POOL)]
+    assert p.get(1) == [(6, 7), (2, 3)] and p.get(9) == [] and len(p) == 2
+    p.add_all([5, 1, 2, 3, 8], start=4)  # the n-grams holding the token at index 4: (2, 3, 8)
+    assert p.items(2) == [((3, 8), POOL)] and len(p) == 3
+    buf = TreeBuf(16)
+    LIB.tree_reset(buf.ref, 1)
+    assert p.add_chains(buf, 1, guesses=2, max_depth=1, max_nodes=8) == 2
+    t = buf.step_tree()
+    assert (t.tokens, t.parents, t.sources) == ([1, 6, 2], [-1, 0, 0], [0, HARVEST, POOL])
+
+
+def test_pool_random():
+    rng = random.Random(1)
+    for trial in range(150):
+        n, cap, vocab = rng.randrange(1, 6), rng.randrange(-1, 6), rng.randrange(2, 6)
+        ref, c = NgramPool(n, cap), CNgramPool(n, cap)
+        for _ in range(rng.randrange(1, 40)):
+            if rng.random() < 0.6:
+                ngram = tuple(rng.randrange(vocab) for _ in range(n if rng.random() < 0.9 else rng.randrange(1, 7)))
+                origin = rng.choice([POOL, HARVEST])
+                ref.add(ngram, origin)
+                c.add(ngram, origin)
+            else:
+                tokens = [rng.randrange(vocab) for _ in range(rng.randrange(12))]
+                start = rng.randrange(-2, len(tokens) + 3)
+                ref.add_all(tokens, start)
+                c.add_all(tokens, start)
+            assert len(c) == len(ref)
+        for key in range(-1, vocab + 1):
+            assert c.items(key) == ref.items(key) and c.get(key) == ref.get(key)
+        for _ in range(8):  # Lookahead.propose's pool loop, into a tree that may hold nodes already
+            key = rng.randrange(vocab)
+            guesses, d = rng.randrange(-1, 8), rng.randrange(0, 7)
+            max_nodes = rng.choice([None, rng.randrange(0, 12)])
+            t, buf = tree_pair(rng, key, vocab)
+            for ngram, origin in ref.items(key)[:guesses]:
+                t.add_chain(list(ngram[:d]), origin, max_nodes)
+            c.add_chains(buf, key, guesses, d, max_nodes)
+            assert buf.step_tree() == t, (trial, key, guesses, d, max_nodes)
+
+
+def test_pool_tree_full():
+    p = CNgramPool(4, 3)
+    p.add_all([1, 2, 3, 4, 1, 5, 6, 7, 1, 8, 9, 9])
+    buf = TreeBuf(4)
+    LIB.tree_reset(buf.ref, 1)
+    with pytest.raises(RuntimeError, match="full"):
+        p.add_chains(buf, 1, 3, 3, None)
+
+
+# ---- the recycled table --------------------------------------------------------------------
+def assert_same(c: CTable, ref: dict, vocab: int) -> None:
+    assert c.items() == list(ref.items()) and len(c) == len(ref)
+    for tok in range(-1, vocab + 1):
+        assert c.get(tok, "none") == ref.get(tok, "none") and (tok in c) == (tok in ref)
+
+
+def test_table_exact():
+    c = CTable(2)
+    c.seed([1, 2, 1, 3, 1, 2])
+    assert c.items() == [(1, [2, 3]), (2, [1]), (3, [1])]
+    shared = CTable(2)
+    shared.refresh([2], [[9, 8]])
+    assert c.merge_into(shared) == 2  # 2's row stays the model's
+    assert shared.items() == [(2, [9, 8]), (1, [2, 3]), (3, [1])]
+    assert shared[1] == [2, 3] and 4 not in shared and shared.get(4) is None
+    with pytest.raises(KeyError):
+        shared[4]
+    shared.refresh([1, 3, 1], [[3, 4], [5, 6], [7, 7]])  # later rows win
+    assert shared.items() == [(2, [9, 8]), (1, [7, 7]), (3, [5, 6])]
+    toks, rows = array("i", [4, 2]), array("i", [1, 1, 2, 2])
+    shared.refresh_at(_ptr(toks), _ptr(rows), 2, 2)
+    assert shared.items() == [(2, [2, 2]), (1, [7, 7]), (3, [5, 6]), (4, [1, 1])]
+    buf = TreeBuf(16)
+    LIB.tree_reset(buf.ref, 1)
+    c.grow(buf, (2, 1), max_depth=5, max_nodes=10)
+    t = buf.step_tree()
+    assert (t.tokens, t.parents, t.depths) == ([1, 2, 3, 1, 1], [-1, 0, 0, 1, 2], [0, 1, 1, 2, 2])
+    assert set(t.sources[1:]) == {RECYCLE}
+    with pytest.raises(ValueError):
+        shared.refresh([1], [[1, 2, 3]])  # longer than top_k
+
+
+def test_table_random():
+    rng = random.Random(2)
+    for trial in range(150):
+        K, vocab = rng.randrange(1, 6), rng.randrange(2, 9)
+        shared_ref, shared = {}, CTable(K)
+        if rng.random() < 0.5:  # the shared table holds the model's rows already
+            toks = [rng.randrange(vocab) for _ in range(rng.randrange(6))]
+            k = rng.randrange(K + 1)
+            rows = [[rng.randrange(vocab) for _ in range(k)] for _ in toks]
+            refresh(shared_ref, toks, rows)
+            shared.refresh(toks, rows)
+        for _ in range(rng.randrange(1, 3)):  # init_state: seed a fresh table, setdefault into the shared
+            prompt = [rng.randrange(vocab) for _ in range(rng.randrange(30))]
+            seeded, c = seed_table(prompt, K), CTable(K)
+            c.seed(prompt)
+            assert_same(c, seeded, vocab)
+            for tok, row in seeded.items():
+                shared_ref.setdefault(tok, row)
+            c.merge_into(shared)
+            assert_same(shared, shared_ref, vocab)
+        for _ in range(rng.randrange(4)):  # learn_from's refresh, and seeding a table that has rows
+            if rng.random() < 0.7:
+                toks = [rng.randrange(vocab) for _ in range(rng.randrange(8))]
+                k = rng.randrange(K + 1)
+                rows = [[rng.randrange(vocab) for _ in range(k)] for _ in toks]
+                refresh(shared_ref, toks, rows)
+                shared.refresh(toks, rows)
+            else:
+                more = [rng.randrange(vocab) for _ in range(rng.randrange(10))]
+                seed_table(more, K, shared_ref)
+                shared.seed(more)
+            assert_same(shared, shared_ref, vocab)
+        for _ in range(6):
+            widths = tuple(rng.randrange(1, K + 1) for _ in range(rng.randrange(1, 8)))
+            d, max_nodes = rng.randrange(0, 7), rng.choice([None, rng.randrange(0, 20)])
+            t, buf = tree_pair(rng, rng.randrange(vocab), vocab)
+            grow_tree(t, shared_ref, widths, d, max_nodes)
+            shared.grow(buf, widths, d, max_nodes)
+            assert buf.step_tree() == t, (trial, widths, d, max_nodes)
+
+
+# ---- the prompt-lookup history -------------------------------------------------------------
+def test_history_exact():
+    h = CHistory([1, 2, 3, 1, 2])
+    h.extend([4, 1, 2])
+    assert len(h) == 8
+    kw = dict(min_n=1, max_n=2, k=2, num_candidates=3)
+    assert h.search(**kw) == [[3, 1], [4, 1]]
+    assert h.search(**kw, prefer="recent") == [[4, 1], [3, 1]]
+    assert h.search(**kw, partial=False) == [[3, 1], [4, 1]]
+    assert h.search(min_n=1, max_n=1, k=3, num_candidates=1, partial=False) == [[3, 1, 2]]
+    buf = TreeBuf(16)
+    LIB.tree_reset(buf.ref, 2)
+    assert h.add_to_tree(buf, **kw, max_depth=1, max_nodes=8) == 2
+    t = buf.step_tree()
+    assert (t.tokens, t.parents, t.sources) == ([2, 3, 4], [-1, 0, 0], [0, PLD, PLD])
+    h.truncate(3)
+    assert h.search(**kw) == [] and len(h) == 3
+    with pytest.raises(ValueError):
+        h.search(min_n=2, max_n=1, k=1)
+    with pytest.raises(ValueError):
+        h.search(min_n=1, max_n=1, k=1, prefer="last")
+
+
+ARGS = [dict(min_n=lo, max_n=hi, k=k, num_candidates=nc, prefer=pr, partial=pa)
+        for lo in (1, 2, 3) for hi in range(lo, 5) for k in range(1, 11) for nc in range(1, 5)
+        for pr in ("first", "recent") for pa in (True, False)]
+
+
+def test_history_search_random():
+    rng = random.Random(3)
+    for trial in range(25):
+        vocab = rng.randrange(2, 5)
+        hist, c = [], CHistory()
+        for _ in range(rng.randrange(1, 4)):  # grown a few tokens at a time
+            more = [rng.randrange(vocab) for _ in range(rng.randrange(15))]
+            hist += more
+            c.extend(more) if rng.random() < 0.5 else c.sync(hist)
+        assert len(c) == len(hist)
+        for kw in ARGS:
+            assert c.search(**kw) == ngram_match_lists([hist], **kw)[0], (trial, hist, kw)
+
+
+def test_history_add_to_tree_random():
+    rng = random.Random(4)
+    for trial in range(600):
+        vocab = rng.randrange(2, 5)
+        hist = [rng.randrange(vocab) for _ in range(rng.randrange(40))]
+        c = CHistory(hist)
+        kw = rng.choice(ARGS)
+        d, max_nodes = rng.randrange(0, 7), rng.choice([None, rng.randrange(0, 16)])
+        t, buf = tree_pair(rng, hist[-1] if hist else 0, vocab)
+        for chain in ngram_match_lists([hist], **kw)[0]:
+            t.add_chain(chain[:d], PLD, max_nodes)
+        c.add_to_tree(buf, **kw, max_depth=d, max_nodes=max_nodes)
+        assert buf.step_tree() == t, (trial, hist, kw, d, max_nodes)
+
+
+def test_history_long():
+    """Histories of a few thousand tokens from a larger vocabulary, grown step by step."""
+    rng = random.Random(5)
+    base = [rng.randrange(50) for _ in range(300)]
+    hist, c = [], CHistory()
+    while len(hist) < 3000:
+        if rng.random() < 0.3:  # a copy of earlier text: long matches
+            i = rng.randrange(len(base) - 20)
+            more = base[i:i + rng.randrange(1, 20)]
+        else:
+            more = [rng.randrange(50) for _ in range(rng.randrange(1, 6))]
+        hist += more
+        base += more
+        c.extend(more)
+        kw = rng.choice(ARGS)
+        assert c.search(**kw) == ngram_match_lists([hist], **kw)[0]
