@@ -21,6 +21,7 @@ build, the reference runs and one warning says why. The switch is the host path'
 import ctypes
 from array import array
 from dataclasses import fields
+from itertools import chain
 from pathlib import Path
 from typing import Optional
 
@@ -151,6 +152,10 @@ class BuiltTree(StepTree):
                     kids[parents[node]][tokens[node]] = node
             self._children = kids
         return self._children
+
+    @children.setter
+    def children(self, value: list[dict[int, int]]) -> None:
+        self._children = value
 
     def __eq__(self, other) -> bool:  # equal to the StepTree of the same fields
         if not isinstance(other, StepTree):
@@ -459,11 +464,19 @@ class CTable:
         n = min(len(tokens), len(rows))
         if n == 0:
             return
-        rows = rows[:n]
-        lens = set(map(len, rows))
-        if len(lens) > 1:
-            raise ValueError(f"CTable.refresh: rows of one call have one length, got {sorted(lens)}")
-        self.refresh_flat(array("i", tokens[:n]), array("i", [x for r in rows for x in r]), len(rows[0]))
+        k = len(rows[0])
+        flat = array("i", chain.from_iterable(rows[:n]))
+        if len(flat) != n * k:
+            raise ValueError(f"CTable.refresh: rows of one call have one length, got {sorted(set(map(len, rows)))}")
+        self.refresh_flat(array("i", tokens[:n]), flat, k)
+
+    def __setitem__(self, tok: int, row) -> None:
+        self.refresh([tok], [row])
+
+    def update(self, rows: dict) -> None:
+        """``dict.update``: the rows of ``rows`` (any lengths up to top_k), in its order."""
+        for tok, row in rows.items():
+            self[tok] = row
 
     def refresh_flat(self, tokens: array, rows_flat: array, k: int) -> None:
         """``refresh`` with the rows back to back in one array (k tokens each)."""

@@ -16,9 +16,9 @@ from typing import Optional
 from decoding import inputs
 from decoding.lookahead import LookaheadConfig, LookaheadPLD, LookaheadState
 from decoding.proposer import Budget, Context, Outcome, SeqState
-from decoding.recycle import RecycleConfig, Table, learn_from, seed_table
+from decoding.recycle import RecycleConfig, Table, learn_from, new_table, seed_missing
 from decoding.recycle import grow_tree as grow_recycled
-from decoding.suffix import SuffixConfig, SuffixStore, SuffixTrie, own_store, sync
+from decoding.suffix import SuffixConfig, SuffixStore, SuffixTrie, compiled_with, new_trie, own_store, sync
 from decoding.suffix import grow_tree as grow_suffix
 from decoding.tree import HARVEST, PLD, POOL, RECYCLE, STORE, SUFFIX, WINDOW, StepTree
 
@@ -53,7 +53,7 @@ class HybridConfig:
 @dataclass(eq=False, kw_only=True)
 class HybridState(LookaheadState):
     table: Table = field(default_factory=dict)
-    trie: Optional[SuffixTrie] = None
+    trie: Optional[SuffixTrie] = None  # or its compiled twin (compiled_draft.CSuffixTrie)
     indexed: int = 0
 
 
@@ -64,20 +64,22 @@ class Hybrid(LookaheadPLD):
     def __init__(self, cfg: Optional[HybridConfig] = None, store: Optional[SuffixStore] = None):
         self.hcfg = cfg or HybridConfig()
         super().__init__(self.hcfg.lookahead)
-        self.shared_table: Table = {}
         self.top_k = self.hcfg.recycle.top_k
         self.store = own_store(self.hcfg.suffix, store)  # other sequences' text (suffix.own_store)
         if self.store is not None:  # a source the planner sizes steps for only where it can occur
             self.sources = type(self).sources | STORE
+        if not compiled_with(self.store):
+            self.buf = None  # the reference drafts
+        self.shared_table: Table = new_table(self.buf is not None, self.top_k)
 
     def init_state(self, base: SeqState) -> HybridState:
         la = super().init_state(base)
         rc = self.hcfg.recycle
-        table = self.shared_table if rc.shared else {}
+        table = self.shared_table if rc.shared else new_table(self.buf is not None, rc.top_k)
         if rc.seed_from_prompt:
-            for tok, row in seed_table(base.prompt, rc.top_k).items():
-                table.setdefault(tok, row)
-        state = HybridState(**vars(la), table=table, trie=SuffixTrie(self.hcfg.suffix.depth))
+            seed_missing(table, base.prompt, rc.top_k)
+        state = HybridState(**vars(la), table=table,
+                            trie=new_trie(self.hcfg.suffix.depth, compiled=self.buf is not None))
         sync(state)
         return state
 
@@ -85,6 +87,8 @@ class Hybrid(LookaheadPLD):
         h = self.hcfg
         capped = [Budget(max_depth=b.max_depth, max_nodes=min(b.max_nodes, h.max_nodes), planned=b.planned)
                   for b in budgets]
+        if self.buf is not None:
+            return self.propose_compiled(states, capped, ctx)
         # own suffix continuations (grow_first), prompt lookup, pool n-grams, the window
         trees = super().propose(states, capped, ctx)
         for s, b, tree in zip(states, capped, trees):
@@ -108,6 +112,24 @@ class Hybrid(LookaheadPLD):
         match = state.trie.own_match(h.suffix.max_match)
         if match is not None:
             grow_suffix(tree, state.trie, match, max_depth, max_nodes, h.suffix.min_prob)
+
+    def first_compiled(self, state: HybridState, max_depth: int, max_nodes: int) -> None:
+        h = self.hcfg
+        match = state.trie.own_match(h.suffix.max_match)
+        if match is not None:
+            state.trie.grow(self.buf, match, max_depth, max_nodes, h.suffix.min_prob, SUFFIX)
+
+    def last_compiled(self, state: HybridState, budget: Budget) -> None:
+        """The shared store's continuations and the recycled tree, after the window (as ``propose``)."""
+        h, b = self.hcfg, budget
+        if b.max_depth <= 0:
+            return
+        if self.store is not None:
+            shared = self.store.trie.store_match(state.tokens[-h.suffix.max_match:], h.suffix.max_match)
+            if shared is not None:
+                self.store.trie.grow(self.buf, shared, b.max_depth, b.max_nodes, h.suffix.min_prob, STORE)
+        widths = h.planned_recycle_widths if b.planned else h.recycle.widths
+        state.table.grow(self.buf, widths, b.max_depth, b.max_nodes, RECYCLE)
 
     def update(self, state: HybridState, outcome: Outcome) -> None:
         super().update(state, outcome)

@@ -20,9 +20,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from decoding import inputs
+from decoding import compiled_draft, inputs
 from decoding.ngram_pool import NgramPool
-from decoding.prompt_lookup import DeviceHistories, PromptLookupConfig, lookup_states
+from decoding.prompt_lookup import DeviceHistories, HostHistories, PromptLookupConfig, add_lookups, lookup_states
 from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
 from decoding.tree import HARVEST, PLD, POOL, WINDOW, StepTree
 
@@ -103,13 +103,15 @@ class Lookahead(Proposer[LookaheadState]):
 
     def __init__(self, cfg: LookaheadConfig | None = None):
         self.cfg = cfg or LookaheadConfig()
+        # the compiled drafting's tree buffer, or None: the reference drafts
+        self.buf = compiled_draft.TreeBuf() if compiled_draft.enabled() else None
 
     def init_state(self, base: SeqState) -> LookaheadState:
         cfg = self.cfg
         rng = random.Random(cfg.seed * 1_000_003 + base.sid)
         prompt = base.prompt
         levels = [[rng.choice(prompt) for _ in range(cfg.window)] for _ in range(cfg.ngram - 1)]
-        pool = NgramPool(cfg.ngram, cfg.guesses)
+        pool = (compiled_draft.CNgramPool if self.buf is not None else NgramPool)(cfg.ngram, cfg.guesses)
         if cfg.pool_from_prompt:
             pool.add_all(prompt)
         return LookaheadState(**base.seq_fields(), levels=levels, real=[[False] * cfg.window for _ in levels],
@@ -123,6 +125,8 @@ class Lookahead(Proposer[LookaheadState]):
         return [[] for _ in states]
 
     def propose(self, states: list[LookaheadState], budgets: list[Budget], ctx: Context) -> list[StepTree]:
+        if self.buf is not None:
+            return self.propose_compiled(states, budgets, ctx)
         cfg = self.cfg
         W, N = cfg.window, cfg.ngram
         depth = [b.max_depth for b in budgets]
@@ -153,10 +157,44 @@ class Lookahead(Proposer[LookaheadState]):
             trees.append(tree)
         return trees
 
+    # ---- the compiled drafting: the same trees, built in C (decoding/compiled_draft.py) ----
+    def propose_compiled(self, states: list[LookaheadState], budgets: list[Budget], ctx: Context
+                         ) -> list[StepTree]:
+        """``propose`` on the compiled path: each source adds to one tree built in C, in the
+        reference's order (first_compiled, extra_compiled, the pool, the window, last_compiled)."""
+        cfg, buf = self.cfg, self.buf
+        W, N = cfg.window, cfg.ngram
+        trees = []
+        for s, b in zip(states, budgets):
+            d, cap = b.max_depth, min(cfg.max_verify, b.max_nodes)
+            buf.start(s.root, b.max_nodes + 1 + W * (N - 1))
+            if d > 0:
+                self.first_compiled(s, d, cap)
+                self.extra_compiled(s, d, cap)
+                s.pool.add_chains(buf, s.root, cfg.guesses, d, cap)
+            s.tips = buf.add_window(s.levels, WINDOW) if s.committed + W + N - 3 < ctx.max_context else None
+            self.last_compiled(s, b)
+            tree = buf.step_tree()
+            if s.tips is not None:
+                tree.extra_logits.update(s.tips)
+            trees.append(tree)
+        return trees
+
+    def first_compiled(self, state: LookaheadState, max_depth: int, max_nodes: int) -> None:
+        """``grow_first`` on the compiled path (none here)."""
+
+    def extra_compiled(self, state: LookaheadState, max_depth: int, max_nodes: int) -> None:
+        """``extra_chains`` on the compiled path (none here)."""
+
+    def last_compiled(self, state: LookaheadState, budget: Budget) -> None:
+        """Sources grown after the window on the compiled path (none here)."""
+
     def update(self, state: LookaheadState, outcome: Outcome) -> None:
         cfg = self.cfg
-        if cfg.pool_from_output:
-            state.pool.add_all(state.tokens, len(state.tokens) - len(outcome.new_tokens))
+        if cfg.pool_from_output:  # the n-grams holding a new token: only the list's tail is read
+            start = len(state.tokens) - len(outcome.new_tokens)
+            low = max(0, start - state.pool.n + 1)
+            state.pool.add_all(state.tokens[low:], start - low)
         if state.tips is None:
             return
         sent = [t for t in state.tips if t in outcome.rows]
@@ -178,6 +216,10 @@ class LookaheadPLD(Lookahead):
     def __init__(self, cfg: LookaheadConfig | None = None):
         super().__init__(cfg)
         self.histories = DeviceHistories()
+        self.host = HostHistories()  # the compiled path's
+
+    def extra_compiled(self, state, max_depth, max_nodes):
+        add_lookups(self.buf, self.host.of(state), self.cfg.pld, max_depth, max_nodes)
 
     def extra_chains(self, states, depth, ctx):
         todo = [i for i, d in enumerate(depth) if d > 0]

@@ -8,6 +8,7 @@ from typing import Optional
 
 import torch
 
+from decoding import compiled_draft
 from decoding.proposer import Budget, Context, Proposer, SeqState
 from decoding.tree import PLD, StepTree
 from kernels.ngram_match import ngram_match_lists as host_match_lists
@@ -104,6 +105,34 @@ def lookup_states(backend, states: list[SeqState], cfg: PromptLookupConfig, devi
     return backend.ngram_match_found(tokens, cu, **_match_args(cfg))
 
 
+class HostHistories:
+    """Each sequence's tokens mirrored in C (``compiled_draft.CHistory``) for the compiled
+    search, appended to with what the list gained since the last step (weak keys, as
+    ``DeviceHistories``). The C search of a whole history costs about as much as the kernel's
+    launch alone, so the compiled path searches on the host on every device."""
+
+    def __init__(self):
+        self._of: "weakref.WeakKeyDictionary[SeqState, tuple]" = weakref.WeakKeyDictionary()
+
+    def of(self, state: SeqState) -> "compiled_draft.CHistory":
+        tokens = state.tokens
+        hist, n, last = self._of.get(state, (None, 0, None))
+        if hist is None or n > len(tokens) or (n and tokens[n - 1] != last):
+            hist, n = compiled_draft.CHistory(), 0  # not the list it was: mirror it again
+        if n < len(tokens):
+            hist.extend(tokens[n:])
+            n = len(tokens)
+            self._of[state] = (hist, n, tokens[n - 1])
+        return hist
+
+
+def add_lookups(buf: "compiled_draft.TreeBuf", hist: "compiled_draft.CHistory", cfg: PromptLookupConfig,
+                max_depth: int, max_nodes: int) -> None:
+    """The compiled ``add_chain`` of every continuation the history's search finds (in order,
+    cut to ``max_depth``) into the tree ``buf`` holds."""
+    hist.add_to_tree(buf, max_depth=max_depth, max_nodes=max_nodes, source=PLD, **_match_args(cfg))
+
+
 class PromptLookup(Proposer[SeqState]):
     name = "pld"
     sources = PLD
@@ -111,8 +140,19 @@ class PromptLookup(Proposer[SeqState]):
     def __init__(self, cfg: PromptLookupConfig | None = None):
         self.cfg = cfg or PromptLookupConfig()
         self.histories = DeviceHistories()
+        # the compiled drafting: its tree buffer and the histories in C (None: the reference drafts)
+        self.buf = compiled_draft.TreeBuf() if compiled_draft.enabled() else None
+        self.host = HostHistories()
 
     def propose(self, states: list[SeqState], budgets: list[Budget], ctx: Context) -> list[StepTree]:
+        if self.buf is not None:
+            buf, trees, bound = self.buf, [], self.cfg.num_candidates * self.cfg.num_draft
+            for s, b in zip(states, budgets):
+                buf.start(s.root, min(b.max_nodes, bound) + 1)
+                if b.max_depth > 0:
+                    add_lookups(buf, self.host.of(s), self.cfg, b.max_depth, b.max_nodes)
+                trees.append(buf.step_tree())
+            return trees
         trees = [StepTree.root(s.root) for s in states]
         todo = [i for i, b in enumerate(budgets) if b.max_depth > 0]
         if todo:

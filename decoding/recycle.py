@@ -11,10 +11,13 @@ the price of sequences seeing each other's predictions).
 from dataclasses import dataclass, field
 from typing import Optional
 
+from decoding import compiled_draft
 from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
 from decoding.tree import RECYCLE, StepTree
 
-Table = dict[int, list[int]]  # token -> the model's top-k next tokens after it, best first
+# token -> the model's top-k next tokens after it, best first (or its compiled twin,
+# compiled_draft.CTable, on the compiled path)
+Table = dict[int, list[int]]
 
 
 @dataclass(slots=True)
@@ -66,8 +69,28 @@ def grow_tree(tree: StepTree, table: Table, widths: tuple[int, ...], max_depth: 
 def refresh(table: Table, tokens: list[int], top: list[list[int]]) -> None:
     """``top[i]`` = the model's best next tokens after a row whose token is ``tokens[i]``;
     later rows overwrite earlier ones (callers put the accepted path last)."""
+    if not isinstance(table, dict):  # the compiled twin
+        table.refresh(tokens, top)
+        return
     for tok, row in zip(tokens, top):
         table[tok] = row
+
+
+def new_table(compiled: bool, top_k: int) -> Table:
+    """An empty table: a dict, or its compiled twin."""
+    return compiled_draft.CTable(top_k) if compiled else {}
+
+
+def seed_missing(table: Table, prompt: list[int], top_k: int) -> None:
+    """What followed each token in the prompt (``seed_table``), for the tokens the table has
+    no row for: the model's own predictions (a shared table's) win over the text."""
+    if not isinstance(table, dict):
+        seeded = compiled_draft.CTable(top_k)
+        seeded.seed(prompt)
+        seeded.merge_into(table)
+        return
+    for tok, row in seed_table(prompt, top_k).items():
+        table.setdefault(tok, row)
 
 
 @dataclass(eq=False, kw_only=True)
@@ -82,18 +105,26 @@ class Recycle(Proposer[RecycleState]):
 
     def __init__(self, cfg: Optional[RecycleConfig] = None):
         self.cfg = cfg or RecycleConfig()
-        self.shared_table: Table = {}
+        # the compiled drafting's tree buffer, or None: the reference drafts
+        self.buf = compiled_draft.TreeBuf() if compiled_draft.enabled() else None
+        self.shared_table: Table = new_table(self.buf is not None, self.cfg.top_k)
         self.top_k = self.cfg.top_k
 
     def init_state(self, base: SeqState) -> RecycleState:
-        table = self.shared_table if self.cfg.shared else {}
+        table = self.shared_table if self.cfg.shared else new_table(self.buf is not None, self.cfg.top_k)
         if self.cfg.seed_from_prompt:
-            seeded = seed_table(base.prompt, self.cfg.top_k)
-            for tok, row in seeded.items():
-                table.setdefault(tok, row)  # the model's own predictions win over the text
+            seed_missing(table, base.prompt, self.cfg.top_k)
         return RecycleState(**base.seq_fields(), table=table)
 
     def propose(self, states: list[RecycleState], budgets: list[Budget], ctx: Context) -> list[StepTree]:
+        if self.buf is not None:
+            buf, trees = self.buf, []
+            for s, b in zip(states, budgets):
+                cap = min(b.max_nodes, self.cfg.max_nodes)
+                buf.start(s.root, cap + 1)
+                s.table.grow(buf, self.cfg.widths, b.max_depth, cap, RECYCLE)
+                trees.append(buf.step_tree())
+            return trees
         trees = []
         for s, b in zip(states, budgets):
             tree = StepTree.root(s.root)

@@ -15,6 +15,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Optional, Union
 
+from decoding import compiled_draft
 from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
 from decoding.tree import STORE, SUFFIX, StepTree
 
@@ -202,11 +203,25 @@ def grow_tree(tree: StepTree, trie: SuffixTrie, match: Place, max_depth: int, ma
             heapq.heappush(heap, (-p, tick, c, child))
 
 
+def new_trie(depth: int, max_nodes: int = 1 << 30, compiled: Optional[bool] = None):
+    """A ``SuffixTrie``, or its compiled twin (``compiled_draft.CSuffixTrie``, the same API)
+    where the compiled drafting runs (``compiled`` None: where it is switched on and built)."""
+    if compiled is None:
+        compiled = compiled_draft.enabled()
+    return compiled_draft.CSuffixTrie(depth, max_nodes) if compiled else SuffixTrie(depth, max_nodes)
+
+
+def compiled_with(store: Optional["SuffixStore"]) -> bool:
+    """Whether a proposer drafts on the compiled path: it is on and built, and the store (if
+    any) is compiled too (a store made on the reference path keeps its proposers there)."""
+    return compiled_draft.enabled() and (store is None or isinstance(store.trie, compiled_draft.CSuffixTrie))
+
+
 class SuffixStore:
     """Finished sequences of a run in one bounded trie (opt-in sharing)."""
 
     def __init__(self, depth: int, max_nodes: int):
-        self.trie = SuffixTrie(depth, max_nodes)
+        self.trie = new_trie(depth, max_nodes)
 
     def add(self, tokens: list[int]) -> None:
         self.trie.new_stream()
@@ -244,13 +259,17 @@ class Suffix(Proposer[SuffixState]):
         self.store = own_store(self.cfg, store)
         if self.store is not None:  # a source the planner sizes steps for only where it can occur
             self.sources = type(self).sources | STORE
+        # the compiled drafting's tree buffer, or None: the reference drafts
+        self.buf = compiled_draft.TreeBuf() if compiled_with(self.store) else None
 
     def init_state(self, base: SeqState) -> SuffixState:
-        state = SuffixState(**base.seq_fields(), trie=SuffixTrie(self.cfg.depth))
+        state = SuffixState(**base.seq_fields(), trie=new_trie(self.cfg.depth, compiled=self.buf is not None))
         sync(state)
         return state
 
     def propose(self, states: list[SuffixState], budgets: list[Budget], ctx: Context) -> list[StepTree]:
+        if self.buf is not None:
+            return self._propose_compiled(states, budgets)
         cfg, trees = self.cfg, []
         for s, b in zip(states, budgets):
             tree = StepTree.root(s.root)
@@ -263,6 +282,23 @@ class Suffix(Proposer[SuffixState]):
                 if shared is not None:
                     grow_tree(tree, self.store.trie, shared, b.max_depth, cap, cfg.min_prob, STORE)
             trees.append(tree)
+        return trees
+
+    def _propose_compiled(self, states: list[SuffixState], budgets: list[Budget]) -> list[StepTree]:
+        """``propose`` with the tries' compiled twins, the tree built in C."""
+        cfg, buf, trees = self.cfg, self.buf, []
+        for s, b in zip(states, budgets):
+            cap = min(b.max_nodes, cfg.max_nodes)
+            buf.start(s.root, cap + 1)
+            if b.max_depth > 0:
+                match = s.trie.own_match(cfg.max_match)
+                if match is not None:
+                    s.trie.grow(buf, match, b.max_depth, cap, cfg.min_prob, SUFFIX)
+                if self.store is not None:
+                    shared = self.store.trie.store_match(s.tokens[-cfg.max_match:], cfg.max_match)
+                    if shared is not None:
+                        self.store.trie.grow(buf, shared, b.max_depth, cap, cfg.min_prob, STORE)
+            trees.append(buf.step_tree())
         return trees
 
     def update(self, state: SuffixState, outcome: Outcome) -> None:

@@ -1,0 +1,146 @@
+"""The compiled drafting (decoding/compiled_draft.py) against the Python reference, method by
+method: the same trees at every step, the same outputs, the same learnt state.
+
+The components (the suffix trie, the pool, the recycled table, the prompt-lookup search) are
+held equal to their references in tests/test_compiled_suffix.py and test_compiled_tables.py;
+here whole methods run on both paths over an oracle (bench/host_step.py's OracleRunner, which
+knows each sequence's answer) on synthetic texts that repeat themselves, so that drafts are
+accepted, rejected, merged and cut by budgets and by the planner.
+"""
+
+import random
+from dataclasses import fields
+
+import pytest
+
+from bench.host_step import DEFAULT_COST, OracleRunner
+from decoding import compiled, compiled_draft, generate, make_proposer
+from decoding.hybrid import HybridConfig
+from decoding.lookahead import LookaheadConfig
+from decoding.planner import Planner, PlannerConfig
+from decoding.recycle import RecycleConfig
+from decoding.suffix import SuffixConfig, SuffixStore
+from decoding.tree import StepTree
+from models.cost import load_step_cost
+from tests.helpers import ours_from_hf, tiny_hf_model
+
+pytestmark = pytest.mark.skipif(not compiled_draft.LIBRARY.get(), reason="no C compiler: the reference runs")
+
+METHODS = ("pld", "suffix", "recycle", "lookahead", "lookahead+pld", "hybrid")
+NEW_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return ours_from_hf(tiny_hf_model("llama", seed=5)).model
+
+
+def texts(seed: int, n: int, vocab: int = 97) -> tuple[list[list[int]], list[list[int]]]:
+    """n prompts and their answers (prompt + NEW_TOKENS): pieces copied from the prompt or from
+    the answer so far, with a few fresh tokens, so that every source finds something."""
+    rng = random.Random(seed)
+    prompts, answers = [], []
+    for _ in range(n):
+        base = [rng.randrange(vocab) for _ in range(rng.randrange(8, 20))]
+        prompt = base + [t if rng.random() < 0.8 else rng.randrange(vocab) for t in base] + base[:rng.randrange(1, 6)]
+        text = list(prompt)
+        while len(text) < len(prompt) + NEW_TOKENS:
+            if rng.random() < 0.7:
+                i = rng.randrange(len(text) - 3)
+                text += text[i:i + rng.randrange(2, 9)]
+            else:
+                text.append(rng.randrange(vocab))
+        prompts.append(prompt)
+        answers.append(text[:len(prompt) + NEW_TOKENS])
+    return prompts, answers
+
+
+def snapshot(tree: StepTree) -> tuple:
+    return tuple(tuple(getattr(tree, f.name)) if f.name != "children" else tuple(map(tuple, map(dict.items,
+                                                                                               tree.children)))
+                 for f in fields(StepTree)) + (tuple(sorted(tree.extra_logits)),)
+
+
+def run(model, name: str, prompts, answers, on: bool, plan: bool, config=None, store=None, batch: int = 3):
+    """Every proposed tree (snapshots, in order) and the outputs of ``name`` on one path."""
+    before = compiled.use_compiled(on)
+    try:
+        proposer = make_proposer(name, config=config, store=store)
+        assert (getattr(proposer, "buf", None) is not None) == on, "the path the switch names"
+        log = []
+        propose = proposer.propose
+
+        def traced(states, budgets, ctx):
+            trees = propose(states, budgets, ctx)
+            log.append([snapshot(t) for t in trees])
+            return trees
+
+        proposer.propose = traced
+        outputs = []
+        for i in range(0, len(prompts), batch):
+            chunk = prompts[i:i + batch]
+            runner = OracleRunner(model, dict(enumerate(answers[i:i + batch])), cache_tokens=4096, block_size=4)
+            planner = Planner(load_step_cost(DEFAULT_COST), PlannerConfig(learn_overhead=False)) if plan else None
+            out = generate(model, chunk, proposer, max_new_tokens=NEW_TOKENS, planner=planner, runner=runner,
+                           eos_token_ids=())  # the synthetic texts hold any token
+            outputs += [list(p) + r.output_ids for p, r in zip(chunk, out)]
+        return log, outputs
+    finally:
+        compiled.use_compiled(before)
+
+
+@pytest.mark.parametrize("plan", [False, True], ids=["whole", "planned"])
+@pytest.mark.parametrize("name", METHODS)
+def test_methods_propose_the_same_trees_on_both_paths(tiny, name, plan):
+    prompts, answers = texts(1, 6)
+    fast = run(tiny, name, prompts, answers, True, plan)
+    ref = run(tiny, name, prompts, answers, False, plan)
+    assert fast[1] == ref[1] == answers  # lossless on both paths
+    assert len(fast[0]) == len(ref[0])
+    for step, (a, b) in enumerate(zip(*(fast[0], ref[0]))):
+        assert a == b, f"{name}: step {step} differs"
+    assert sum(len(t[0]) for trees in ref[0] for t in trees) > 2 * len(ref[0]), "drafts were proposed"
+
+
+@pytest.mark.parametrize("name,config", [
+    ("suffix", SuffixConfig(depth=6, max_match=3, max_nodes=5, min_prob=0.2)),
+    ("recycle", RecycleConfig(top_k=3, widths=(3, 2, 1), max_nodes=7, shared=True, seed_from_prompt=True)),
+    ("lookahead", LookaheadConfig(window=3, ngram=3, guesses=2, max_verify=6)),
+    ("lookahead+pld", LookaheadConfig(window=4, ngram=2, guesses=3, max_verify=9)),
+    ("hybrid", HybridConfig(lookahead=LookaheadConfig(window=3, ngram=4, guesses=2, max_verify=8),
+                            recycle=RecycleConfig(top_k=4, widths=(4, 1), shared=True),
+                            suffix=SuffixConfig(depth=8, max_match=4, min_prob=0.1), max_nodes=12)),
+])
+def test_small_configs_cut_the_same_trees(tiny, name, config):
+    prompts, answers = texts(2, 5)
+    for plan in (False, True):
+        fast = run(tiny, name, prompts, answers, True, plan, config=config, batch=2)
+        ref = run(tiny, name, prompts, answers, False, plan, config=config, batch=2)
+        assert fast == ref and fast[1] == answers
+
+
+@pytest.mark.parametrize("name", ["suffix", "hybrid"])
+def test_a_shared_store_drafts_the_same_on_both_paths(tiny, name):
+    prompts, answers = texts(3, 6)
+    cfg = SuffixConfig(store_nodes=3000)
+    runs = []
+    for on in (True, False):
+        before = compiled.use_compiled(on)
+        try:
+            store = SuffixStore(cfg.depth, cfg.store_nodes)
+        finally:
+            compiled.use_compiled(before)
+        # two calls: the second drafts from what the first finished
+        runs.append([run(tiny, name, prompts[:3], answers[:3], on, True, store=store),
+                     run(tiny, name, prompts[3:], answers[3:], on, True, store=store), store.trie.size])
+    assert runs[0] == runs[1]
+
+
+def test_a_reference_store_keeps_its_proposers_on_the_reference():
+    before = compiled.use_compiled(False)
+    try:
+        store = SuffixStore(24, 1000)
+    finally:
+        compiled.use_compiled(before)
+    assert make_proposer("hybrid", store=store).buf is None
+    assert make_proposer("suffix", store=store).buf is None
