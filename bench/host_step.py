@@ -70,7 +70,7 @@ class OracleRunner(ModelRunner):
 
     @torch.inference_mode()
     def step_greedy(self, inputs: list[StepInput], k: int = 1, mark=None):
-        self.prepare(inputs)
+        self.prepare(inputs, reuse=True)  # as ModelRunner.step_greedy
         if mark is not None:
             mark("pack")
         out = [self._tops(inp, max(1, k)) for inp in inputs]
