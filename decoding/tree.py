@@ -102,10 +102,18 @@ class StepTree:
         new_of = {old: new for new, old in enumerate(keep)}
         if keep[:1] != [0] or any(self.parents[n] not in new_of for n in keep[1:]):
             raise ValueError("a subtree keeps the root and the parent of every node it keeps")
-        sub = StepTree.root(self.tokens[0])
-        for old in keep[1:]:
-            sub._new(new_of[self.parents[old]], self.tokens[old], self.sources[old], self.candidate[old],
-                     self.group[old])
+        # what _new would make node by node, field by field (a kept node's depth is its own: its
+        # ancestors are kept)
+        tokens, candidate = [self.tokens[n] for n in keep], [self.candidate[n] for n in keep]
+        parents = [-1] + [new_of[self.parents[n]] for n in keep[1:]]
+        children: list[dict[int, int]] = [{} for _ in keep]
+        for new in range(1, len(keep)):
+            if candidate[new]:
+                children[parents[new]][tokens[new]] = new
+        sub = StepTree(tokens=tokens, parents=parents, depths=[self.depths[n] for n in keep],
+                       sources=[self.sources[n] for n in keep], candidate=candidate, children=children,
+                       group=[self.group[n] for n in keep])
+        sub.depths[0], sub.sources[0], sub.candidate[0], sub.group[0] = 0, 0, True, -1
         sub.extra_logits = {new_of[n] for n in self.extra_logits if n in new_of}
         sub.chance = {new_of[n]: c for n, c in self.chance.items() if n in new_of}
         sub.pinned = {new_of[n] for n in self.pinned if n in new_of}

@@ -181,6 +181,34 @@ def test_subtree_keeps_nodes_and_maps_them_back():
         t.subtree([0, 2])
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_subtree_is_the_tree_rebuilt_node_by_node(seed):
+    """``subtree`` (built field by field) equals growing the kept nodes one by one with ``_new``."""
+    import random
+
+    rng = random.Random(seed)
+    t = StepTree.root(rng.randrange(5))
+    for _ in range(rng.randrange(1, 8)):
+        t.add_chain([rng.randrange(4) for _ in range(rng.randrange(1, 5))], rng.choice([PLD, POOL, WINDOW]))
+        if rng.random() < 0.4:
+            t.add_private_chain(rng.randrange(len(t)), [rng.randrange(9)], WINDOW, group=rng.randrange(3))
+    keep = [0] + [n for n in range(1, len(t)) if rng.random() < 0.6]
+    keep = [n for n in keep if n == 0 or all(a in keep for a in _ancestors(t, n))]
+    want = StepTree.root(t.tokens[0])
+    new_of = {old: new for new, old in enumerate(keep)}
+    for old in keep[1:]:
+        want._new(new_of[t.parents[old]], t.tokens[old], t.sources[old], t.candidate[old], t.group[old])
+    assert t.subtree(keep)[0] == want
+
+
+def _ancestors(t: StepTree, n: int) -> list[int]:
+    out = []
+    while t.parents[n] >= 0:
+        n = t.parents[n]
+        out.append(n)
+    return out
+
+
 # ---- token recycling ------------------------------------------------------------------------------------
 def test_recycle_seed_table_from_text():
     assert seed_table([1, 2, 1, 3, 1, 2, 4], top_k=2) == {1: [2, 3], 2: [4, 1], 3: [1]}
