@@ -21,14 +21,20 @@ class SeqStats:
         tree, on_path = outcome.tree, set(outcome.path)
         self.forwards += 1
         self.step_tokens += outcome.sent
+        # the sent candidates counted by (source bits, accepted) first: a step's nodes carry few
+        # distinct bit sets, and a whole tree has a hundred nodes
+        tally: dict[tuple[int, bool], int] = {}
+        candidate, sources = tree.candidate, tree.sources
         for node in outcome.rows:
-            if node == 0 or not tree.candidate[node]:
-                continue
+            if node and candidate[node]:
+                key = (sources[node], node in on_path)
+                tally[key] = tally.get(key, 0) + 1
+        for (bits, accepted), n in tally.items():
             for bit, name in SOURCE_NAMES.items():
-                if tree.sources[node] & bit:
-                    self.proposed[name] += 1
-                    if node in on_path:
-                        self.accepted[name] += 1
+                if bits & bit:
+                    self.proposed[name] += n
+                    if accepted:
+                        self.accepted[name] += n
         self.accepted_hist[len(outcome.new_tokens)] += 1
         self.accept_lengths.append(len(outcome.new_tokens))
 

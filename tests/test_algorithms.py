@@ -382,3 +382,38 @@ def test_draft_sizing_looks_past_a_dip_in_the_cost_curve():
     assert prop._worth(lambda n: curve[n], 1, gain, reach, p, 1)
     flat = {1: 350.0, 2: 350.0, 3: 700.0, 4: 700.0, 5: 700.0}
     assert not prop._worth(lambda n: flat[n], 1, gain, reach, p, 1)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_step_statistics_count_every_sent_candidate_per_source(seed):
+    """SeqStats.record (counted by bit set first) against a count node by node, bit by bit."""
+    import random
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from decoding.stats import SeqStats
+    from decoding.tree import SOURCE_NAMES
+
+    rng = random.Random(seed)
+    t = StepTree.root(0)
+    for _ in range(rng.randrange(1, 12)):
+        chain = [rng.randrange(3) for _ in range(rng.randrange(1, 5))]
+        t.add_chain(chain, rng.choice([PLD, POOL, PLD | POOL, 64, 128]))
+        if rng.random() < 0.3:
+            t.add_private_chain(0, [rng.randrange(9)], WINDOW)
+    path, node = [0], 0
+    while t.children[node] and rng.random() < 0.7:
+        node = rng.choice(list(t.children[node].values()))
+        path.append(node)
+    rows = {n: i for i, n in enumerate(n for n in range(len(t)) if rng.random() < 0.8 or n in path)}
+    outcome = SimpleNamespace(tree=t, path=path, rows=rows, sent=len(t), new_tokens=[1] * len(path))
+    stats = SeqStats()
+    stats.record(outcome)
+    proposed, accepted = Counter(), Counter()
+    for n in rows:
+        if n and t.candidate[n]:
+            for bit, name in SOURCE_NAMES.items():
+                if t.sources[n] & bit:
+                    proposed[name] += 1
+                    accepted[name] += n in path
+    assert stats.proposed == +proposed and stats.accepted == +accepted
