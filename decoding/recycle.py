@@ -69,8 +69,9 @@ def grow_tree(tree: StepTree, table: Table, widths: tuple[int, ...], max_depth: 
 def refresh(table: Table, tokens: list[int], top: list[list[int]]) -> None:
     """``top[i]`` = the model's best next tokens after a row whose token is ``tokens[i]``;
     later rows overwrite earlier ones (callers put the accepted path last)."""
-    if not isinstance(table, dict):  # the compiled twin
-        table.refresh(tokens, top)
+    if not isinstance(table, dict):  # the compiled twin, given each token's last row alone (the same
+        last = dict(zip(tokens, top))  # table: keys in the order first met, each with its last row)
+        table.refresh(list(last), list(last.values()))
         return
     for tok, row in zip(tokens, top):
         table[tok] = row
@@ -138,7 +139,8 @@ class Recycle(Proposer[RecycleState]):
 
 def learn_from(table: Table, outcome: Outcome, top_k: int) -> None:
     """Refresh the table from every row of the step, the accepted path last."""
-    on_path = set(outcome.path)
-    nodes = sorted(outcome.rows, key=lambda n: (n in on_path, n))
+    on_path, nodes = set(outcome.path), sorted(outcome.rows)
+    nodes = [n for n in nodes if n not in on_path] + [n for n in nodes if n in on_path]
     top = outcome.top_rows(top_k)  # every row (no gathered copy of the logits), with the argmax when greedy
-    refresh(table, [outcome.tree.tokens[n] for n in nodes], [top[outcome.rows[n]] for n in nodes])
+    tokens, rows = outcome.tree.tokens, outcome.rows
+    refresh(table, [tokens[n] for n in nodes], [top[rows[n]] for n in nodes])
