@@ -229,7 +229,8 @@ def _host_path() -> str:
     from decoding import compiled
 
     where = compiled.path()
-    return where + (": the step planner in C (decoding/cpu/planner.c)" if where == "compiled" else "")
+    return where + (": the drafting, the step planner and the packing in C (decoding/cpu, models/cpu)"
+                    if where == "compiled" else "")
 
 
 def _turns(results: list[dict]) -> int:

@@ -20,10 +20,10 @@ build, the reference runs and one warning says why. The switch is the host path'
 
 import ctypes
 from array import array
+from collections.abc import Sequence
 from dataclasses import fields
 from itertools import chain
 from pathlib import Path
-from typing import Optional
 
 from decoding.tree import PLD, POOL, RECYCLE, StepTree
 from kernels import cbuild
@@ -124,38 +124,74 @@ class TreeBuf:
     def step_tree(self) -> "BuiltTree":
         """The tree built so far, as a ``StepTree``."""
         n = self.args.n
+        first, after = self._links[0][:n], self._links[1][:n]
         return BuiltTree(self.tokens[:n].tolist(), self.parents[:n].tolist(), self.depths[:n].tolist(),
-                         self.sources[:n].tolist(), [c == 1 for c in self.candidate[:n]], self.group[:n].tolist())
+                         self.sources[:n].tolist(), [c == 1 for c in self.candidate[:n]], self.group[:n].tolist(),
+                         first, after)
+
+
+class NodeChildren(Sequence):
+    """``StepTree.children`` of a tree read back from C: node i's dict made when it is first
+    asked for, from the C tree's child lists (creation order, as the dicts'). Verification
+    reads the few nodes of the accepted path; a planner's C reads none."""
+
+    def __init__(self, tokens: list[int], first: array, after: array):
+        self._tokens, self._first, self._after = tokens, first, after
+        self._made: dict[int, dict[int, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(len(self))[i]]
+        if i < 0:
+            i += len(self)
+        kids = self._made.get(i)
+        if kids is None:
+            if not 0 <= i < len(self):
+                raise IndexError("node index out of range")
+            kids, c, tokens, after = {}, self._first[i], self._tokens, self._after
+            while c >= 0:
+                kids[tokens[c]] = c
+                c = after[c]
+            self._made[i] = kids
+        return kids
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, (list, Sequence)) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return repr(list(self))
 
 
 class BuiltTree(StepTree):
-    """A ``StepTree`` read back from C, whose ``children`` dicts are made on first use: with a
-    planner most proposed trees are only read through their flat lists (the planner's C, the
-    subtree it sends), and the dicts of a 60-node tree cost as much as reading the rest."""
+    """A ``StepTree`` read back from C, whose ``children`` dicts are made on first use
+    (``NodeChildren``): most proposed trees are only read through their flat lists (the
+    planner's C, the subtree it sends), and the dicts of a 60-node tree cost as much as reading
+    the rest. Growing it in Python (``add_chain`` ...) makes them all first."""
 
     def __init__(self, tokens: list[int], parents: list[int], depths: list[int], sources: list[int],
-                 candidate: list[bool], group: list[int]):
+                 candidate: list[bool], group: list[int], first: array, after: array):
         self.tokens, self.parents, self.depths, self.sources = tokens, parents, depths, sources
         self.candidate, self.group = candidate, group
         self.extra_logits: set[int] = set()
         self.chance: dict[int, float] = {}
         self.pinned: set[int] = set()
-        self._children: Optional[list[dict[int, int]]] = None
+        self._children = NodeChildren(tokens, first, after)
 
     @property
-    def children(self) -> list[dict[int, int]]:
-        if self._children is None:
-            tokens, parents, candidate = self.tokens, self.parents, self.candidate
-            kids: list[dict[int, int]] = [{} for _ in tokens]
-            for node in range(1, len(tokens)):
-                if candidate[node]:
-                    kids[parents[node]][tokens[node]] = node
-            self._children = kids
+    def children(self):
         return self._children
 
     @children.setter
     def children(self, value: list[dict[int, int]]) -> None:
         self._children = value
+
+    def _new(self, parent: int, token: int, source: int, candidate: bool, group: int = -1) -> int:
+        if isinstance(self._children, NodeChildren):  # a list of dicts from now on
+            self._children = [dict(kids) for kids in self._children]
+        return super()._new(parent, token, source, candidate, group)
 
     def __eq__(self, other) -> bool:  # equal to the StepTree of the same fields
         if not isinstance(other, StepTree):
