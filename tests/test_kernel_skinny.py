@@ -235,6 +235,65 @@ def test_attention_is_the_same_whatever_the_threads_range_over(t, isa):
         assert torch.equal(skinny.skinny_attention(q, k_cache, v_cache, ids, length, mask, threads=threads), one)
 
 
+def random_tree_mask(g, ctx, t):
+    """A step of t rows after ctx context keys, as a tree: row i's parent a random earlier row (or
+    none: a root), and it sees the context, its ancestors and itself. -> (t, ctx + t) bool."""
+    mask = torch.zeros(t, ctx + t, dtype=torch.bool)
+    mask[:, :ctx] = True
+    for i in range(t):
+        parent = int(torch.randint(-1, i, (1,), generator=g)) if i else -1
+        if parent >= 0:
+            mask[i] = mask[parent]
+        mask[i, ctx + i] = True
+    return mask
+
+
+def as_a_chain(q, k_cache, v_cache, ids, length, mask, bs, threads):
+    """Each row alone over a cache that holds exactly its visible keys, in their order, at places
+    0 .. V - 1, the row a causal last row (what a chain of those keys gives it)."""
+    kv, d = k_cache.shape[2], k_cache.shape[3]
+    k = k_cache[ids.long()].reshape(-1, kv, d)[:length]
+    v = v_cache[ids.long()].reshape(-1, kv, d)[:length]
+    rows = []
+    for i in range(q.shape[0]):
+        keys = mask[i].nonzero().flatten()
+        if len(keys) == 0:
+            rows.append(torch.zeros(1, q.shape[1], d))
+            continue
+        n = -(-len(keys) // bs)
+        kc, vc = torch.zeros(n * bs, kv, d), torch.zeros(n * bs, kv, d)
+        kc[:len(keys)], vc[:len(keys)] = k[keys], v[keys]
+        rows.append(skinny.skinny_attention(q[i:i + 1], kc.view(n, bs, kv, d), vc.view(n, bs, kv, d),
+                                            torch.arange(n, dtype=torch.int32), len(keys), None, True, 0.3,
+                                            threads=threads))
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("ctx", [0, 5, 63, 64, 70, 130])
+def test_a_tree_row_sums_its_visible_keys_as_a_chain_would(ctx, threads, isa):
+    """Bit for bit: a tree row's output is the output of the same query over a cache holding
+    only its visible keys, contiguous (its splits follow the keys' ranks, not their places), so
+    a branch accepted from a tree leaves the K/V a chain of its tokens would. Random trees of up
+    to 40 rows after contexts that end before, at and after split boundaries; also random masks
+    that hide context keys, and a row that sees nothing."""
+    g = torch.Generator().manual_seed(100 * ctx + threads)
+    bs, kv = 8, 3
+    for t in (1, 2, 7, 16, 40):
+        length = ctx + t
+        n = -(-length // bs)
+        k_cache, v_cache = torch.randn(n + 3, bs, kv, 64, generator=g), torch.randn(n + 3, bs, kv, 64, generator=g)
+        ids = torch.randperm(n + 3, generator=g)[:n].int()
+        q = torch.randn(t, 9, 64, generator=g)
+        masks = [random_tree_mask(g, ctx, t), torch.rand(t, length, generator=g) < 0.7]
+        masks[1][0] = False
+        for mask in masks:
+            out = skinny.skinny_attention(q, k_cache, v_cache, ids, length, mask, scale=0.3, threads=threads)
+            assert torch.equal(out, as_a_chain(q, k_cache, v_cache, ids, length, mask, bs, 1))
+            torch.testing.assert_close(out, dense_attention(q, k_cache, v_cache, ids, length, mask, False, 0.3),
+                                       atol=1e-5, rtol=1e-5)
+
+
 def test_attention_bad_input_is_named():
     kc = torch.randn(4, 8, 2, 16)
     q = torch.randn(2, 4, 16)

@@ -1,6 +1,6 @@
 """The model with block-quantized products (models/loader.py ``weights``, kernels/quant.py):
 against a torch reference forward, greedy speculation token-identical to plain greedy (on these
-models and prompts; the known limit after a tree step is the xfail test at the end), the default
+models and prompts; a tree's accepted branch leaves the cache a chain would: the test at the end), the default
 model's own Q4_1 / Q8_0 blocks, and the option's errors.
 
 Tolerance of the reference forward, stated once: the reference multiplies the same quantized
@@ -78,7 +78,7 @@ def tiny_q8():
 @pytest.mark.parametrize("name", METHODS)
 def test_tiny_greedy_lossless_on_the_quantized_path(tiny_q8, name):
     """Every method's greedy output is plain greedy's, token for token, with quantized products
-    (the rows of a product do not depend on the step; for trees see the xfail test below)."""
+    (the rows of a product do not depend on the step; for trees see the last test below)."""
     ref = [generate(tiny_q8, [p], max_new_tokens=14, eos_token_ids=())[0].output_ids for p in TINY_PROMPTS]
     res = generate(tiny_q8, TINY_PROMPTS, proposer(name, tiny_q8, small=True), max_new_tokens=14, eos_token_ids=())
     assert outputs(res) == ref
@@ -202,13 +202,13 @@ def test_packed_weights_cache_round_trip_and_a_broken_one_is_packed_again(tmp_pa
     assert not (tmp_path / "no").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="known limit: the skinny attention's sums follow the keys' places in the "
-                   "cache, and a tree row's ancestors sit elsewhere than a chain's (docs/DESIGN.md, quantized weights)")
 def test_a_committed_tree_branch_leaves_the_cache_as_a_chain_does(smol_native):
     """After a long prompt, a tree step whose accepted branch skips a row ([a, x, b], b a child of
-    a) and then a one-token step should give the logits a chain [a, b] gives: with fp32 weights
-    they differ by rounding only (absorbed); quantized activations turn that rounding into other
-    int8 values, and a greedy token can change (bench run-native: suffix and hybrid)."""
+    a) and then a one-token step gives the logits a chain [a, b] gives, bit for bit: the skinny
+    attention sums a tree row's visible keys by rank, as a chain holds them (kernels/cpu/
+    skinny_attention.c). When it followed the keys' places, the two differed by rounding, which
+    fp32 absorbed and quantized activations turned into other int8 values, so a greedy token could
+    change (bench run-native: suffix and hybrid)."""
     from bench.data.suite import load_suite
 
     model, tok = smol_native

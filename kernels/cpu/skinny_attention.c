@@ -8,17 +8,24 @@
  *        causal: row t sees keys j <= t + L - T
  * out    (T, H, D) contiguous
  *
- * The keys are cut into splits of SPLIT keys (fixed: the cut depends on L alone). A task is one
- * kv head and one split: while the split's keys and values sit in L1 / L2 it moves every step
- * row and every query head of the group over them (the scores of the split, their max, the
+ * A row's visible keys are cut into splits of SPLIT keys by their rank among them (visible key r
+ * in split r / SPLIT), as a chain holding exactly those keys would cut them. A task is one kv
+ * head and one split: while the split's keys and values sit in L1 / L2 it moves the rows of the
+ * task and every query head of the group over them (the scores of the split, their max, the
  * softmax numerators, the weighted sum of the values), QB (row, head) queries at a time so that
  * each key and value chunk loaded feeds QB FMAs (1.3x faster at 4-16 rows than one query at a
- * time, bit for bit the same numbers). So the keys are read from memory once per step, not
- * once per row. The splits'
- * partial results (max, sum, weighted sum) are merged per (row, head) in split order at the end.
+ * time, bit for bit the same numbers). Where every row's visible keys are a prefix of the cache
+ * (no mask, the causal rule, a chain), rank is place and a split of SPLIT places serves every
+ * row: the keys are read from memory once per step, not once per row. Under a tree's mask the
+ * splits of the keys every row sees (the context, rounded down to whole splits) still serve every
+ * row, and each row's visible keys after them are cut into splits of its own (tasks of one row,
+ * at most T + SPLIT - 1 keys a row). The splits' partial results (max, sum, weighted sum) are
+ * merged per (row, head) in split order at the end.
  *
- * A row's result depends on its query, its mask row, the keys and L only: the same operations
- * in the same order whatever T, the row's place in the step, and the thread count. A row with
+ * A row's result depends on its query and its visible keys only, bit for bit that of a causal
+ * last row over a cache holding exactly those keys at places 0 .. V - 1: the same operations in
+ * the same order whatever T, L, the row's place in the step, the other rows, and the thread
+ * count (so a branch accepted from a tree leaves the K/V that a chain of its tokens would). A row with
  * no visible key gets zeros. kernels/skinny.py calls it; kernels/tree_attention.py holds the
  * reference.
  */
@@ -100,18 +107,32 @@ typedef struct {
     int64_t q_stride, L;
     int T, H, KV, D, causal;
     float scale;
-    float *part; /* this split's [t][h]: max score, sum of numerators, D weighted sums */
 } job;
 
+/* One task: kv head kvh, the n (at most SPLIT) keys of one split, for rows t0 .. t0 + nt - 1.
+ * The keys: j0 .. j0 + n - 1 (idx NULL), or idx[0 .. n - 1] (a row's visible keys, in rank
+ * order). part: the split's partial results, (max, sum, D weighted sums) for row t0 + r, head h
+ * at part[(r * H + h) * W]. all: every key of the task is visible to its rows (the mask and the
+ * causal rule are not read). */
+typedef struct {
+    int kvh, t0, nt, n, all;
+    int64_t j0;
+    const int64_t *idx;
+    float *part;
+} task;
+
+static inline int64_t task_key(const task *k, int i) { return k->idx ? k->idx[i] : k->j0 + i; }
+
 /* which of the 8 keys j0 + 8b .. of the split row t sees, per block b; returns whether any */
-static int visible(const job *a, int t, int64_t j0, int n, __m256 *vis) {
+static int visible(const job *a, int all, int t, int64_t j0, int n, __m256 *vis) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     int any = 0;
     for (int b = 0; b < (n + 7) / 8; b++) {
         const int64_t j = j0 + 8 * b;
         const int nk = n - 8 * b < 8 ? n - 8 * b : 8;
         __m256i v = _mm256_cmpgt_epi32(_mm256_set1_epi32(nk), lane);
-        if (a->mask) {
+        if (all) {
+        } else if (a->mask) {
             uint8_t bytes[8] = {0};
             memcpy(bytes, a->mask + (int64_t)t * a->L + j, (size_t)nk);
             const __m256i m8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)bytes));
@@ -127,7 +148,7 @@ static int visible(const job *a, int t, int64_t j0, int n, __m256 *vis) {
     return any;
 }
 
-/* Requests one kv head's keys and values [j0, j1) into L2. A task reads them from memory in
+/* Requests the keys and values i0 .. i1 - 1 of task k into L2. A task reads them from memory in
  * 256-byte pieces 768 bytes apart (the pool interleaves the kv heads), which the hardware
  * prefetchers do not follow: the loads waited on one miss after another (a one-row step's
  * attention read at about 6 GB/s per core; with this, 10-20% faster at 1-32 rows:
@@ -135,59 +156,59 @@ static int visible(const job *a, int t, int64_t j0, int n, __m256 *vis) {
  * a time, spread over its first pass over its own keys: requested all at once, the 512 lines of
  * a split held the core up (one row over 1,500 keys 20% slower in the forward: bench/results/
  * 2026-11-26-cpu-attention-ranges/NOTES.md). */
-static void prefetch_split(const job *a, int kvh, int64_t j0, int64_t j1) {
-    const float *kh = a->kc + (int64_t)kvh * a->D, *vh = a->vc + (int64_t)kvh * a->D;
-    for (int64_t j = j0; j < j1; j++)
+static void prefetch_keys(const job *a, const task *k, int i0, int i1) {
+    const float *kh = a->kc + (int64_t)k->kvh * a->D, *vh = a->vc + (int64_t)k->kvh * a->D;
+    for (int i = i0; i < i1; i++) {
+        const int64_t o = a->off[task_key(k, i)];
         for (int d = 0; d < a->D; d += 16) {
-            _mm_prefetch((const char *)(kh + a->off[j] + d), _MM_HINT_T1);
-            _mm_prefetch((const char *)(vh + a->off[j] + d), _MM_HINT_T1);
+            _mm_prefetch((const char *)(kh + o + d), _MM_HINT_T1);
+            _mm_prefetch((const char *)(vh + o + d), _MM_HINT_T1);
         }
+    }
 }
 
-/* one kv head over keys [j0, j1) (at most SPLIT), every row and query head of the group, QB
- * (row, head) queries at a time: the scores of all the split's keys, their softmax numerators,
- * the weighted sum of the values. Writes (max, sum, D weighted sums) per (t, g) into ``part``
- * rows of this split. A query's numbers do not depend on the other queries of its group (a
- * short last group repeats its first query and drops the copies). While the first group scores
- * the keys it requests the keys and values [next_j0, next_j1) of kv head next_kvh (a later task
- * of the thread; none: next_kvh < 0) into L2, a share per 4 keys scored. */
-static void split_task(const job *a, int kvh, int64_t j0, int64_t j1, int next_kvh, int64_t next_j0,
-                       int64_t next_j1) {
-    const int G = a->H / a->KV, D = a->D, T = a->T, W = D + 2, n = (int)(j1 - j0), nb = (n + 7) / 8;
+/* task k: one kv head over the task's keys, every row of the task and query head of the group,
+ * QB (row, head) queries at a time: the scores of all the keys, their softmax numerators, the
+ * weighted sum of the values, written as (max, sum, D weighted sums) per (row, head) into k->part.
+ * A query's numbers do not depend on the other queries of its group (a short last group repeats
+ * its first query and drops the copies). While the first group scores the keys it requests the
+ * keys and values of task next (a later task of the thread; none: NULL) into L2, a share per 4
+ * keys scored. */
+static void split_task(const job *a, const task *k, const task *next) {
+    const int G = a->H / a->KV, D = a->D, W = D + 2, n = k->n, nb = (n + 7) / 8, kvh = k->kvh;
     const __m256 ninf = _mm256_set1_ps(-INFINITY), scale = _mm256_set1_ps(a->scale);
     const float *kh = a->kc + (int64_t)kvh * D, *vh = a->vc + (int64_t)kvh * D;
     const float *kp[SPLIT], *vp[SPLIT];
     for (int i = 0; i < nb * 8; i++) { /* a short last block repeats the first key, hidden */
-        const int64_t jj = j0 + (i < n ? i : 0);
-        kp[i] = kh + a->off[jj];
-        vp[i] = vh + a->off[jj];
+        const int64_t o = a->off[task_key(k, i < n ? i : 0)];
+        kp[i] = kh + o;
+        vp[i] = vh + o;
     }
     __m256 vis[SPLIT / 8];
     int vis_row = -1, vis_any = 0; /* the row vis holds (consecutive queries share rows) */
     float sc[QB][SPLIT];
-    const int NQ = T * G;
+    const int NQ = k->nt * G;
     for (int q0 = 0; q0 < NQ; q0 += QB) {
         const int nq = NQ - q0 < QB ? NQ - q0 : QB;
         const float *qp[QB];
         float *outp[QB];
         int live[QB]; /* the query sees a key of the split */
         for (int i = 0; i < QB; i++) {
-            const int qq = q0 + (i < nq ? i : 0), t = qq / G, g = qq % G;
-            qp[i] = a->q + t * a->q_stride + ((int64_t)kvh * G + g) * D;
-            outp[i] = a->part + (t * (int64_t)a->H + (int64_t)kvh * G + g) * W;
+            const int qq = q0 + (i < nq ? i : 0), r = qq / G, g = qq % G;
+            qp[i] = a->q + (k->t0 + r) * a->q_stride + ((int64_t)kvh * G + g) * D;
+            outp[i] = k->part + (r * (int64_t)a->H + (int64_t)kvh * G + g) * W;
         }
         for (int c = 0; c < nb * 8; c += 4) {
-            if (q0 == 0 && next_kvh >= 0) { /* the later task's share for these 4 keys' scores */
-                const int64_t span = next_j1 - next_j0, pa = next_j0 + span * c / (nb * 8),
-                              pb = next_j0 + span * (c + 4) / (nb * 8);
-                prefetch_split(a, next_kvh, pa, pb < next_j1 ? pb : next_j1);
+            if (q0 == 0 && next) { /* the later task's share for these 4 keys' scores */
+                const int pa = (int)((int64_t)next->n * c / (nb * 8)), pb = (int)((int64_t)next->n * (c + 4) / (nb * 8));
+                prefetch_keys(a, next, pa, pb < next->n ? pb : next->n);
             }
             qk_4(sc, c, qp, kp + c, D);
         }
         for (int i = 0; i < QB; i++) {
-            const int t = (q0 + (i < nq ? i : 0)) / G;
+            const int t = k->t0 + (q0 + (i < nq ? i : 0)) / G;
             if (t != vis_row) {
-                vis_any = visible(a, t, j0, n, vis);
+                vis_any = visible(a, k->all, t, k->j0, n, vis);
                 vis_row = t;
             }
             live[i] = vis_any;
@@ -231,10 +252,15 @@ static void split_task(const job *a, int kvh, int64_t j0, int64_t j1, int next_k
     }
 }
 
-/* task i's keys: split i / KV's, [*j0, *j1) */
-static inline void task_keys(int64_t i, int KV, int64_t L, int64_t *j0, int64_t *j1) {
-    *j0 = i / KV * SPLIT;
-    *j1 = *j0 + SPLIT < L ? *j0 + SPLIT : L;
+/* the first i in [0, n] with cum[i] >= x (cum ascending) */
+static int64_t lower_bound(const int64_t *cum, int64_t n, int64_t x) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi) / 2;
+        if (cum[mid] < x) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
 }
 
 /* returns 0, -1 when a buffer could not be allocated (out is then incomplete), -2 on shapes it
@@ -244,17 +270,79 @@ int skinny_attention(const float *q, int64_t q_stride, int T, int H, int KV, int
                      float scale, float *out, int threads) {
     const int G = H / KV, W = D + 2;
     if (G > MAXG || D % 8 || L < 1) return -2;
-    const int64_t n_split = (L + SPLIT - 1) / SPLIT, tasks = n_split * KV;
-    int64_t *off = malloc(sizeof(int64_t) * (size_t)L);
-    float *part = malloc(sizeof(float) * (size_t)(n_split * T * H * W));
-    if (!off || !part) {
+    const int64_t n_split = (L + SPLIT - 1) / SPLIT;
+    /* The splits follow a row's visible keys by rank, as a chain holding exactly those keys would
+     * cut them. Where every row's visible keys are a prefix 0 .. V - 1 of the cache (no mask, the
+     * causal rule, a chain's mask) rank is place: the shared splits of SPLIT places serve every
+     * row. Otherwise (own: a tree's mask) the splits below P0 (keys every row sees) stay shared,
+     * and each row's visible keys from P0 on are cut into splits of its own, by rank. */
+    int64_t P = L; /* keys 0 .. P - 1 are visible to every row */
+    int own = 0;
+    if (mask)
+        for (int t = 0; t < T; t++) {
+            const uint8_t *row = mask + (int64_t)t * L, *z = memchr(row, 0, (size_t)L);
+            const int64_t V = z ? z - row : L;
+            P = V < P ? V : P;
+            for (int64_t j = V + 1; j < L && !own; j++) own = row[j] != 0;
+        }
+    const int64_t n_shared = own ? P / SPLIT : n_split, P0 = n_shared * SPLIT, tail = L - P0;
+    /* own: row t's visible keys from P0 on at idx[t * tail ..], cnt[t] of them, in its own splits
+     * first[t] .. first[t + 1] - 1 (counted over all rows) */
+    int64_t *idx = NULL, *cnt = NULL, *first = NULL, n_own = 0;
+    if (own) {
+        idx = malloc(sizeof(int64_t) * (size_t)(T * tail));
+        cnt = malloc(sizeof(int64_t) * (size_t)(2 * T + 1));
+        if (!idx || !cnt) {
+            free(idx);
+            free(cnt);
+            return -1;
+        }
+        first = cnt + T;
+        first[0] = 0;
+        for (int t = 0; t < T; t++) {
+            const uint8_t *row = mask + (int64_t)t * L;
+            int64_t c = 0, *mine = idx + t * tail;
+            for (int64_t j = P0; j < L; j++)
+                if (row[j]) mine[c++] = j;
+            cnt[t] = c;
+            first[t + 1] = first[t] + (c + SPLIT - 1) / SPLIT;
+        }
+        n_own = first[T];
+    }
+    const int64_t tasks = (n_shared + n_own) * KV, shared_floats = n_shared * T * H * W;
+    int64_t *off = malloc(sizeof(int64_t) * (size_t)L), *cum = malloc(sizeof(int64_t) * (size_t)(tasks + 1));
+    float *part = malloc(sizeof(float) * (size_t)(shared_floats + n_own * H * W + 1));
+    task *tk = malloc(sizeof(task) * (size_t)(tasks + 1));
+    if (!off || !part || !tk || !cum) {
         free(off);
         free(part);
+        free(tk);
+        free(cum);
+        free(idx);
+        free(cnt);
         return -1;
     }
     for (int64_t b = 0, j = 0; j < L; b++)
         for (int o = 0; o < bs && j < L; o++, j++) off[j] = ((int64_t)blocks[b] * bs + o) * KV * D;
-    const job a = {q, kc, vc, off, mask, q_stride, L, T, H, KV, D, causal, scale, part};
+    /* the tasks: the shared splits' (split, then kv head), then each row's own (row, split, kv
+     * head); cum[i]: a rough cost of the tasks before task i */
+    float *own_part = part + shared_floats;
+    cum[0] = 0;
+    for (int64_t i = 0; i < n_shared * KV; i++) {
+        const int64_t sp = i / KV, j0 = sp * SPLIT;
+        tk[i] = (task){(int)(i % KV), 0, T, (int)(j0 + SPLIT < L ? SPLIT : L - j0), own, j0, NULL,
+                       part + sp * T * H * W};
+        cum[i + 1] = cum[i] + (int64_t)tk[i].n * (T + 1);
+    }
+    for (int64_t t = 0, i = n_shared * KV; own && t < T; t++)
+        for (int64_t s = 0; s < first[t + 1] - first[t]; s++)
+            for (int kvh = 0; kvh < KV; kvh++, i++) {
+                const int64_t r0 = s * SPLIT;
+                tk[i] = (task){kvh, (int)t, 1, (int)(cnt[t] - r0 < SPLIT ? cnt[t] - r0 : SPLIT), 1, 0,
+                               idx + t * tail + r0, own_part + (first[t] + s) * H * W};
+                cum[i + 1] = cum[i] + (int64_t)tk[i].n * 2;
+            }
+    const job a = {q, kc, vc, off, mask, q_stride, L, T, H, KV, D, causal, scale};
     if (threads > tasks) threads = (int)tasks;
     if (threads < 1) threads = 1;
 #pragma omp parallel num_threads(threads)
@@ -263,39 +351,31 @@ int skinny_attention(const float *q, int64_t q_stride, int T, int H, int KV, int
          * split's, so that its keys and values are one run of memory, 768-byte rows used whole
          * (round robin over tasks had both threads stride through rows a third used: attention
          * at 4-16 rows took 22-26% longer over 1,500 keys, 4-17% over 512, bench/results/
-         * 2026-11-26-cpu-attention-ranges/NOTES.md). The first AHEAD tasks' keys and values are
-         * requested before the first starts, each later one's while the task AHEAD before it
-         * scores its keys (split_task). Which thread computes a task does not change its
-         * numbers. */
+         * 2026-11-26-cpu-attention-ranges/NOTES.md); with rows' own splits (a task of one row),
+         * ranges of about equal cost. The first AHEAD tasks' keys and values are requested
+         * before the first starts, each later one's while the task AHEAD before it scores its
+         * keys (split_task). Which thread computes a task does not change its numbers. */
         const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-        const int64_t lo = tasks * t / nt, hi = tasks * (t + 1) / nt;
-        int64_t j0, j1, nj0, nj1;
-        for (int64_t p = lo; p < lo + AHEAD && p < hi; p++) {
-            task_keys(p, KV, L, &j0, &j1);
-            prefetch_split(&a, (int)(p % KV), j0, j1);
-        }
-        for (int64_t i = lo; i < hi; i++) {
-            const int64_t p = i + AHEAD;
-            task_keys(i, KV, L, &j0, &j1);
-            task_keys(p, KV, L, &nj0, &nj1);
-            job mine = a;
-            mine.part = part + i / KV * T * H * W;
-            split_task(&mine, (int)(i % KV), j0, j1, p < hi ? (int)(p % KV) : -1, nj0, nj1);
-        }
+        const int64_t lo = own ? lower_bound(cum, tasks, cum[tasks] * t / nt) : tasks * t / nt,
+                      hi = own ? lower_bound(cum, tasks, cum[tasks] * (t + 1) / nt) : tasks * (t + 1) / nt;
+        for (int64_t p = lo; p < lo + AHEAD && p < hi; p++) prefetch_keys(&a, &tk[p], 0, tk[p].n);
+        for (int64_t i = lo; i < hi; i++) split_task(&a, &tk[i], i + AHEAD < hi ? &tk[i + AHEAD] : NULL);
     }
-    /* merge the splits of each (row, head), in split order */
+    /* merge the splits of each (row, head) in split order: the shared ones, then the row's own */
     for (int64_t r = 0; r < (int64_t)T * H; r++) {
+        const int64_t t = r / H, h = r % H, n_part = n_shared + (own ? first[t + 1] - first[t] : 0);
+#define PART(sp) ((sp) < n_shared ? part + ((sp) * T * H + r) * W : own_part + ((first[t] + (sp) - n_shared) * H + h) * W)
         float mx = -INFINITY;
-        for (int64_t sp = 0; sp < n_split; sp++) {
-            const float m = part[(sp * T * H + r) * W];
+        for (int64_t sp = 0; sp < n_part; sp++) {
+            const float m = PART(sp)[0];
             mx = m > mx ? m : mx;
         }
         float *o = out + r * D;
         memset(o, 0, sizeof(float) * (size_t)D);
         if (mx == -INFINITY) continue; /* no visible key: zeros */
         float total = 0.0f;
-        for (int64_t sp = 0; sp < n_split; sp++) {
-            const float *p = part + (sp * T * H + r) * W;
+        for (int64_t sp = 0; sp < n_part; sp++) {
+            const float *p = PART(sp);
             if (p[0] == -INFINITY) continue;
             const float w = expf(p[0] - mx);
             total += w * p[1];
@@ -303,10 +383,15 @@ int skinny_attention(const float *q, int64_t q_stride, int T, int H, int KV, int
             for (int d = 0; d < D; d += 8)
                 _mm256_storeu_ps(o + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 2 + d), _mm256_loadu_ps(o + d)));
         }
+#undef PART
         const __m256 inv = _mm256_set1_ps(1.0f / total);
         for (int d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(inv, _mm256_loadu_ps(o + d)));
     }
     free(off);
     free(part);
+    free(tk);
+    free(cum);
+    free(idx);
+    free(cnt);
     return 0;
 }
