@@ -181,11 +181,16 @@ class PlannerCore:
         parents, depths, sources, group, candidate = array("i"), array("i"), array("i"), array("i"), array("b")
         offsets = array("i", [0])
         for t in trees:
-            parents.extend(t.parents)
-            depths.extend(t.depths)
-            sources.extend(t.sources)
-            group.extend(t.group)
-            candidate.extend(t.candidate)
+            flat = getattr(t, "flat", None)  # a tree built in C (compiled_draft.BuiltTree): its arrays
+            if flat is not None and len(flat[0]) == len(t.parents):
+                for a, f in zip((parents, depths, sources, group, candidate), flat):
+                    a.extend(f)
+            else:
+                parents.extend(t.parents)
+                depths.extend(t.depths)
+                sources.extend(t.sources)
+                group.extend(t.group)
+                candidate.extend(t.candidate)
             offsets.append(len(parents))
         return trees, offsets, parents, depths, sources, group, candidate
 

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 from itertools import chain
 from pathlib import Path
+from typing import Optional
 
 from decoding.tree import PLD, POOL, RECYCLE, StepTree
 from kernels import cbuild
@@ -124,10 +125,11 @@ class TreeBuf:
     def step_tree(self) -> "BuiltTree":
         """The tree built so far, as a ``StepTree``."""
         n = self.args.n
-        first, after = self._links[0][:n], self._links[1][:n]
-        return BuiltTree(self.tokens[:n].tolist(), self.parents[:n].tolist(), self.depths[:n].tolist(),
-                         self.sources[:n].tolist(), [c == 1 for c in self.candidate[:n]], self.group[:n].tolist(),
-                         first, after)
+        flat = (self.parents[:n], self.depths[:n], self.sources[:n], self.group[:n], self.candidate[:n])
+        tree = BuiltTree(self.tokens[:n].tolist(), flat[0].tolist(), flat[1].tolist(), flat[2].tolist(),
+                         [c == 1 for c in flat[4]], flat[3].tolist(), self._links[0][:n], self._links[1][:n])
+        tree.flat = flat
+        return tree
 
 
 class NodeChildren(Sequence):
@@ -169,7 +171,9 @@ class BuiltTree(StepTree):
     """A ``StepTree`` read back from C, whose ``children`` dicts are made on first use
     (``NodeChildren``): most proposed trees are only read through their flat lists (the
     planner's C, the subtree it sends), and the dicts of a 60-node tree cost as much as reading
-    the rest. Growing it in Python (``add_chain`` ...) makes them all first."""
+    the rest. ``flat`` keeps the C tree's arrays (parents, depths, sources, group, candidate),
+    which the planner's C reads as they are (decoding/compiled.py). Grow it through its methods
+    (``add_chain`` ...): they make the dicts and drop ``flat`` first."""
 
     def __init__(self, tokens: list[int], parents: list[int], depths: list[int], sources: list[int],
                  candidate: list[bool], group: list[int], first: array, after: array):
@@ -179,6 +183,7 @@ class BuiltTree(StepTree):
         self.chance: dict[int, float] = {}
         self.pinned: set[int] = set()
         self._children = NodeChildren(tokens, first, after)
+        self.flat: Optional[tuple[array, ...]] = None
 
     @property
     def children(self):
@@ -191,7 +196,12 @@ class BuiltTree(StepTree):
     def _new(self, parent: int, token: int, source: int, candidate: bool, group: int = -1) -> int:
         if isinstance(self._children, NodeChildren):  # a list of dicts from now on
             self._children = [dict(kids) for kids in self._children]
+        self.flat = None
         return super()._new(parent, token, source, candidate, group)
+
+    def add_child(self, parent: int, token: int, source: int, max_nodes: Optional[int] = None) -> Optional[int]:
+        self.flat = None  # a merge changes a node's sources
+        return super().add_child(parent, token, source, max_nodes)
 
     def __eq__(self, other) -> bool:  # equal to the StepTree of the same fields
         if not isinstance(other, StepTree):

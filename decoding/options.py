@@ -32,7 +32,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default=None, choices=("fp32", "q8_0", "native"),
                    help="the products' weights: fp32, q8_0 (every product weight quantized to Q8_0) or native (a "
                         "GGUF file's own Q4_1 / Q8_0 blocks, Q8_0 for the rest); the quantized forms need an x86 CPU "
-                        "in float32 (default: fp32, with which every method's greedy output is plain greedy's)")
+                        "in float32 (default: native for a GGUF file on such a CPU, else fp32; fp32 compares with "
+                        "transformers number for number)")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="replay decoding steps from CUDA graphs (needs --device cuda and --kernel triton; "
                         "models/graphs.py)")
