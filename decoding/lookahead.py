@@ -63,11 +63,10 @@ def harvest(root: int, levels: list[list[int]], real: list[list[bool]],
     (L0[c], L1[c], ..., L_{N-2}[c], new[c]) with L0[0] = the root, if the column was sent
     (``new[c]`` is not None) and every level of it is real (produced by the model; level 0
     of column 0 is the root itself, always real)."""
-    out = []
+    out, columns, made = [], list(zip(*levels)), list(zip(*real))  # column c: its levels, top first
     for c, tip in enumerate(new):
-        if tip is not None and all(real[j][c] for j in range(1 if c == 0 else 0, len(levels))):
-            first = root if c == 0 else levels[0][c]
-            out.append((first, *(levels[j][c] for j in range(1, len(levels))), tip))
+        if tip is not None and all(made[c][1:] if c == 0 else made[c]):
+            out.append((root if c == 0 else columns[c][0],) + columns[c][1:] + (tip,))
     return out
 
 

@@ -417,3 +417,20 @@ def test_step_statistics_count_every_sent_candidate_per_source(seed):
                     proposed[name] += 1
                     accepted[name] += n in path
     assert stats.proposed == +proposed and stats.accepted == +accepted
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_harvest_closes_the_columns_written_level_by_level(seed):
+    """``harvest`` (columns read at once) against the rule written plainly, on random windows."""
+    import random
+
+    rng = random.Random(seed)
+    W, n_levels = rng.randrange(2, 9), rng.randrange(1, 6)
+    levels = [[rng.randrange(50) for _ in range(W)] for _ in range(n_levels)]
+    real = [[rng.random() < 0.8 for _ in range(W)] for _ in range(n_levels)]
+    new = [None if rng.random() < 0.2 else rng.randrange(50) for _ in range(W)]
+    want = []
+    for c, tip in enumerate(new):
+        if tip is not None and all(real[j][c] for j in range(1 if c == 0 else 0, n_levels)):
+            want.append((7 if c == 0 else levels[0][c], *(levels[j][c] for j in range(1, n_levels)), tip))
+    assert harvest(7, levels, real, new) == want

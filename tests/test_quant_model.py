@@ -131,10 +131,13 @@ def test_the_weights_option():
         resolve_weights("q8_0", torch.bfloat16, torch.device("cpu"))
     with pytest.raises(ValueError, match="weights='native' needs fp32 on the CPU"):
         resolve_weights("native", torch.float32, torch.device("cuda"))
-    # fp32 by default, even for a quantized file: the quantized forms are not lossless for trees yet
-    for device in ("cpu", "cuda"):
-        assert resolve_weights(None, torch.float32, torch.device(device)) == "fp32"
-    assert load_model().model.weights == "fp32"
+    # the default: native for a GGUF file on the CPU with the kernels (the fastest form, lossless
+    # for every method), fp32 for an HF folder, a GPU or another dtype
+    assert resolve_weights(None, torch.float32, torch.device("cpu"), gguf=True) == "native"
+    assert resolve_weights(None, torch.float32, torch.device("cpu")) == "fp32"
+    assert resolve_weights(None, torch.bfloat16, torch.device("cpu"), gguf=True) == "fp32"
+    assert resolve_weights(None, torch.float32, torch.device("cuda"), gguf=True) == "fp32"
+    assert load_model().model.weights == "native"
 
 
 @pytest.mark.parametrize("entry", ["cli", "bench"])
