@@ -69,6 +69,19 @@ RUNS = [
      "task, one round (no --repeats: each speedup is one run's ratio, so read differences under about 10% "
      "as noise). The product-form table was re-tuned on the quiet machine just before (a table tuned under "
      "load had halved `ar`'s speed in an earlier run that day)."),
+    ("bench/results/2026-11-27-cpu-host-drafting/batch8/results.json",
+     "Batches of 8 prompts of one task (--batch-size 8 --limit 8), fp32, one round, with the step's drafting, "
+     "planning, packing and KV compaction compiled (the header's host-path line predates the drafting's own "
+     "mention): every method at 1.00-1.07x `ar` (0.98-1.02x in the run below), every output identical to "
+     "`ar`'s. The host's share of a batch step: 0.45 ms (`ar`) to 1.15 ms (`hybrid`) against forwards of 25.7 "
+     "ms (`ar`) to 38.5 ms (`hybrid`): `hybrid` sends more tokens than pay at this shape (tau 1.51, as `pld`'s "
+     "1.50 with 29.8 ms forwards), the planner still pricing a batch step below what it measures. Texts and "
+     "token ids removed from the JSON; the run directory's NOTES.md has the host work alone."),
+    ("bench/results/2026-11-27-cpu-host-drafting/fp32-compiled/results.json",
+     "One prompt per task, fp32, two interleaved rounds, the compiled host path (the same command on the "
+     "session's start code and on the reference path ran before and after it: fp32-start/, fp32-reference/; "
+     "with a 17 ms forward the host is 2-4% of a step, below the runs' spread). Every output identical to "
+     "`ar`'s. Texts and token ids removed from the JSON."),
     ("bench/results/2026-11-26-cpu-batch8-after/results.json",
      "Batches of 8 prompts of one task (--batch-size 8 --limit 8), fp32, one round, after this session's forward "
      "changes (batch steps of up to 64 rows on the one-call stack): 0.98-1.02x `ar` (0.90-1.03 in the run "

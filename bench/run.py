@@ -192,7 +192,7 @@ def header(args, device_name: str, memory_kind: str) -> dict:
         "command": " ".join(["python bench/run.py"] + sys.argv[1:]),
         "device": device_name, "dtype": args.dtype,
         # replaced by the loaded model's once it loads (the default depends on the file)
-        "weights": args.weights or "default (fp32)",
+        "weights": args.weights or "default",
         "kernel": args.kernel + (" (Triton interpreter on the CPU: kernels are emulated, timings say nothing "
                                  "about Triton speed)" if args.interpreted else ""),
         "model": args.model,

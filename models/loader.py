@@ -10,10 +10,12 @@ tokenizer and chat template; the forward is ours (models/llama.py).
   * ``"native"``: a GGUF file's own Q4_1 / Q8_0 blocks, bit for bit its weights, and Q8_0 for
                   any product weight stored otherwise (an HF folder: all of them).
 The quantized forms need the x86 CPU kernels (fp32 on the CPU, kernels/skinny.py builds) and
-quantize each step's activations per block too (kernels/quant.py). The default (None) is fp32:
-on the quantized forms a tree method's greedy output can differ from plain greedy's (a tree
-row's attention sums its keys in another order than a chain row's, and the int8 activations
-amplify that rounding: docs/DESIGN.md), and the default keeps every method lossless.
+quantize each step's activations per block too (kernels/quant.py). The default (None) is
+``"native"`` for a GGUF file where they run (the fastest form: 2.7-4x fp32's decoding here)
+and ``"fp32"`` elsewhere (an HF folder, a GPU, another dtype). Every method's greedy output is
+plain greedy's on every form: a row's products and attention do not depend on the step's
+width, its place in it or the threads, and a tree row sums its visible keys as a chain holds
+them (docs/DESIGN.md). ``"fp32"`` is the form to compare with transformers number for number.
 """
 
 import functools
@@ -292,7 +294,8 @@ def load_model(model: Optional[str] = None, backend: Optional[Backend | str] = N
     references elsewhere. ``tune``: issue every matrix product in the form measured fastest on
     this device (models/tune.py; measured once, cached under ``cache_dir``);
     ``extra_weight_memory``: whether that may keep a second, packed copy of the weights.
-    ``weights``: "fp32", "q8_0" or "native" (the module's docstring); None = fp32."""
+    ``weights``: "fp32", "q8_0" or "native" (the module's docstring); None = native for a GGUF
+    file on a CPU with the kernels, else fp32."""
     from kernels.backend import get_backend
 
     check_weights(weights)
@@ -300,7 +303,7 @@ def load_model(model: Optional[str] = None, backend: Optional[Backend | str] = N
     path = resolve_model_path(model)
     if backend is None or isinstance(backend, str):
         backend = get_backend(backend or ("triton" if device.type == "cuda" else "torch"), device)
-    weights = resolve_weights(weights, dtype, device)
+    weights = resolve_weights(weights, dtype, device, gguf=path.suffix == ".gguf")
     if path.suffix == ".gguf":
         cfg, sd, rope_factors, tok = _load_gguf(path, Path(cache_dir))
     else:
@@ -312,19 +315,20 @@ def load_model(model: Optional[str] = None, backend: Optional[Backend | str] = N
 def check_weights(weights: Optional[str]) -> None:
     """A clear error for a ``weights`` that is not one of ``WEIGHTS`` (or None)."""
     if weights is not None and weights not in WEIGHTS:
-        raise ValueError(f"weights must be one of {', '.join(WEIGHTS)} (or None: fp32), got {weights!r}")
+        raise ValueError(f"weights must be one of {', '.join(WEIGHTS)} (or None: the default), got {weights!r}")
 
 
-def resolve_weights(weights: Optional[str], dtype: torch.dtype, device: torch.device) -> str:
-    """``weights`` for a model on ``device`` in ``dtype``: the default applied (fp32: the
-    module's docstring says why), and a clear error where a quantized form cannot run."""
+def resolve_weights(weights: Optional[str], dtype: torch.dtype, device: torch.device, gguf: bool = False) -> str:
+    """``weights`` for a model (from a GGUF file: ``gguf``) on ``device`` in ``dtype``: the
+    default applied (native for a GGUF file where the kernels run, else fp32), and a clear
+    error where a quantized form cannot run."""
     from kernels import skinny
 
     check_weights(weights)
     device = torch.device(device)
     kernels = device.type == "cpu" and dtype == torch.float32 and skinny.available()
     if weights is None:
-        return "fp32"
+        return "native" if gguf and kernels else "fp32"
     if weights != "fp32" and not kernels:
         why = (f"the x86 CPU kernels are unavailable: {skinny.unavailable_reason()}" if device.type == "cpu"
                and dtype == torch.float32 else f"got device {device.type}, dtype {dtype}")
