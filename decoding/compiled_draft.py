@@ -377,6 +377,7 @@ def _declare_tables(lib: ctypes.CDLL) -> None:
     for name, args, res in (
             ("pool_create", [i, i], p), ("pool_free", [p], None), ("pool_total", [p], ctypes.c_int64),
             ("pool_add", [p, p, i, i], i), ("pool_add_all", [p, p, i, i], i), ("pool_count", [p, i], i),
+            ("pool_add_many", [p, p, i, i], i),
             ("pool_items", [p, i, p, p], i), ("pool_add_chains", [p, p, i, i, i, i], i),
             ("table_create", [i], p), ("table_free", [p], None), ("table_len", [p], i), ("table_top_k", [p], i),
             ("table_seed", [p, p, i], i), ("table_merge_into", [p, p], i), ("table_refresh", [p, p, p, i, i], i),
@@ -429,6 +430,7 @@ class CNgramPool:
             raise ValueError(f"CNgramPool(n={n}, capacity={capacity}): n must be >= 1 (or out of memory)")
         self._free = lib.pool_free
         self._add, self._add_all, self._count = lib.pool_add, lib.pool_add_all, lib.pool_count
+        self._add_many = lib.pool_add_many
         self._items, self._chains, self._total = lib.pool_items, lib.pool_add_chains, lib.pool_total
 
     def __del__(self):
@@ -439,6 +441,13 @@ class CNgramPool:
     def add(self, ngram, origin: int = POOL) -> None:
         a = array("i", ngram)
         _ok(self._add(self._h, _ptr(a), len(a), origin), "CNgramPool.add")
+
+    def add_many(self, ngrams, origin: int = POOL) -> None:
+        """NgramPool.add_many: one C call."""
+        ngrams = [g for g in ngrams if len(g) == self.n]
+        if ngrams:
+            a = array("i", chain.from_iterable(ngrams))
+            _ok(self._add_many(self._h, _ptr(a), len(ngrams), origin), "CNgramPool.add_many")
 
     def add_all(self, tokens, start: int = 0) -> None:
         """NgramPool.add_all; only the tokens the new n-grams hold cross to C."""

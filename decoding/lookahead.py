@@ -199,8 +199,7 @@ class Lookahead(Proposer[LookaheadState]):
         sent = [t for t in state.tips if t in outcome.rows]
         preds = dict(zip(sent, outcome.argmax(sent)))
         new = [preds.get(t) for t in state.tips]  # (W,) one token per column that was sent
-        for ngram in harvest(outcome.tree.tokens[0], state.levels, state.real, new):
-            state.pool.add(ngram, HARVEST)
+        state.pool.add_many(harvest(outcome.tree.tokens[0], state.levels, state.real, new), HARVEST)
         skip = len(outcome.new_tokens) - 1 if cfg.window_shift == "accepted" else 0
         state.levels, state.real = slide(state.levels, state.real, new, skip,
                                          lambda: state.rng.choice(state.tokens))

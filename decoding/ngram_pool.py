@@ -28,6 +28,11 @@ class NgramPool:
         if len(slot) > self.capacity:
             slot.popitem(last=False)
 
+    def add_many(self, ngrams, origin: int = POOL) -> None:
+        """``add`` of each n-gram in turn."""
+        for ngram in ngrams:
+            self.add(ngram, origin)
+
     def add_all(self, tokens: list[int], start: int = 0) -> None:
         """Every n-gram of ``tokens`` that ends at an index >= ``start`` (those holding a token
         from ``start`` on), oldest first."""

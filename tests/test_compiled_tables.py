@@ -65,11 +65,17 @@ def test_pool_random():
         n, cap, vocab = rng.randrange(1, 6), rng.randrange(-1, 6), rng.randrange(2, 6)
         ref, c = NgramPool(n, cap), CNgramPool(n, cap)
         for _ in range(rng.randrange(1, 40)):
-            if rng.random() < 0.6:
+            if rng.random() < 0.45:
                 ngram = tuple(rng.randrange(vocab) for _ in range(n if rng.random() < 0.9 else rng.randrange(1, 7)))
                 origin = rng.choice([POOL, HARVEST])
                 ref.add(ngram, origin)
                 c.add(ngram, origin)
+            elif rng.random() < 0.3:  # several at once (the window's harvest)
+                ngrams = [tuple(rng.randrange(vocab) for _ in range(n if rng.random() < 0.9 else rng.randrange(1, 7)))
+                          for _ in range(rng.randrange(0, 8))]
+                origin = rng.choice([POOL, HARVEST])
+                ref.add_many(ngrams, origin)
+                c.add_many(ngrams, origin)
             else:
                 tokens = [rng.randrange(vocab) for _ in range(rng.randrange(12))]
                 start = rng.randrange(-2, len(tokens) + 3)

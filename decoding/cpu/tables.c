@@ -211,6 +211,15 @@ int pool_add_all(Pool *p, const int32_t *tokens, int len, int start) {
     return 0;
 }
 
+/* pool_add of `count` n-grams back to back in `ngrams` (n tokens each), in order */
+int pool_add_many(Pool *p, const int32_t *ngrams, int count, int32_t origin) {
+    for (int i = 0; i < count; i++) {
+        int rc = pool_add(p, ngrams + (size_t)i * p->n, p->n, origin);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 /* how many continuations follow `key` */
 int pool_count(const Pool *p, int32_t key) {
     int32_t s = imap_get(&p->index, key);
