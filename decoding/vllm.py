@@ -39,9 +39,10 @@ import numpy as np
 
 from decoding.context_mix import ContextMix, MixConfig
 from decoding.planner import Acceptance, AcceptKey, PlannerConfig, node_estimates, node_keys
-from decoding.prompt_lookup import PromptLookupConfig, lookup_candidates
-from decoding.suffix import SuffixConfig, SuffixState, SuffixStore, SuffixTrie, grow_tree, sync
-from decoding.tree import PLD, StepTree
+from decoding import compiled_draft
+from decoding.prompt_lookup import HostHistories, PromptLookupConfig, add_lookups, lookup_candidates
+from decoding.suffix import SuffixConfig, SuffixState, SuffixStore, SuffixTrie, compiled_with, grow_tree, new_trie, sync
+from decoding.tree import PLD, SUFFIX, StepTree
 
 if TYPE_CHECKING:  # only for the annotations: vLLM lives in its own venv (make vllm)
     from vllm.config import VllmConfig
@@ -141,6 +142,10 @@ class TokenDrafter:
         self.shared = Acceptance(self.cfg.planner)  # the engine's estimate, each request's prior
         self.mix = ContextMix(self.cfg.mix) if self.cfg.drafter == "mix" else None  # one table per engine
         self.live: dict[int, _Request] = {}  # row -> the request it held at the last call
+        # the compiled drafting (decoding/compiled_draft.py): its tree buffer and the requests'
+        # histories in C; None: the Python reference drafts (the context mixture always does)
+        self.buf = compiled_draft.TreeBuf() if self.mix is None and compiled_with(self.store) else None
+        self.host = HostHistories()
         self._next_sid = 0
         # totals, for tests and the benchmark: calls, chains drafted, draft tokens, accepted
         self.stats = dict(calls=0, drafts=0, draft_tokens=0, accepted=0, requests=0)
@@ -155,7 +160,8 @@ class TokenDrafter:
         buf = np.empty(max(2 * n, 64), dtype=np.int64)
         buf[:n] = row[:n]
         req = _Request(sid=self._next_sid, tokens=tokens, prompt_len=max(n - sampled, 0),
-                       trie=SuffixTrie(self.cfg.suffix.depth), acc=Acceptance(self.cfg.planner, self.shared), buf=buf)
+                       trie=new_trie(self.cfg.suffix.depth, compiled=self.buf is not None),
+                       acc=Acceptance(self.cfg.planner, self.shared), buf=buf)
         self._next_sid += 1
         self.stats["requests"] += 1
         if self.cfg.drafter != "pld":
@@ -208,6 +214,8 @@ class TokenDrafter:
     # ---- drafting -------------------------------------------------------------------------------
     def tree(self, req: _Request, depth: int) -> StepTree:
         """Our tree for the request: its own suffix continuations, prompt lookup, the shared store."""
+        if self.buf is not None:
+            return self._tree_compiled(req, depth)
         cfg = self.cfg
         tree = StepTree.root(req.tokens[-1])
         cap = cfg.max_nodes
@@ -226,6 +234,23 @@ class TokenDrafter:
             if shared is not None:
                 grow_tree(tree, self.store.trie, shared, depth, cap, cfg.suffix.min_prob)
         return tree
+
+    def _tree_compiled(self, req: _Request, depth: int) -> StepTree:
+        """``tree`` built in C from the request's compiled trie and history, in the same order."""
+        cfg, buf, cap = self.cfg, self.buf, self.cfg.max_nodes
+        buf.start(req.tokens[-1], cap + 1)
+        if depth >= 1:
+            if cfg.drafter in ("suffix", "hybrid"):
+                match = req.trie.own_match(cfg.suffix.max_match)
+                if match is not None:
+                    req.trie.grow(buf, match, depth, min(cap, cfg.suffix.max_nodes), cfg.suffix.min_prob, SUFFIX)
+            if cfg.drafter in ("pld", "hybrid"):
+                add_lookups(buf, self.host.of(req), cfg.pld, depth, cap)
+            if self.store is not None:
+                shared = self.store.trie.store_match(req.tokens[-cfg.suffix.max_match:], cfg.suffix.max_match)
+                if shared is not None:
+                    self.store.trie.grow(buf, shared, depth, cap, cfg.suffix.min_prob, SUFFIX)
+        return buf.step_tree()
 
     def draft(self, req: _Request, depth: int) -> list[int]:
         """The chain sent for the request this step (its keys kept to learn from next call)."""

@@ -186,3 +186,57 @@ def test_the_vllm_child_runs_on_the_threads_asked_for(tmp_path, monkeypatch):
     check_threads(1, 1)
     with pytest.raises(RuntimeError, match="torch ran on 2 threads after the runs, not the 1 asked for"):
         check_threads(1, 2)
+
+
+@pytest.mark.parametrize("cls", [PromptLookupProposer, SuffixProposer, HybridProposer])
+def test_the_compiled_drafting_proposes_what_the_reference_does(cls):
+    """Our proposers inside vLLM on the compiled path (decoding/compiled_draft.py) and on the
+    reference: the same chains at every call and the same learnt totals, over requests whose
+    answers repeat their text, rows that finish and new ones that start."""
+    import random
+
+    from decoding import compiled, compiled_draft
+
+    if compiled_draft.LIBRARY.get() is None:
+        pytest.skip(f"no compiled drafting: {compiled_draft.LIBRARY.reason}")
+    rng = random.Random(0)
+    texts = []
+    for _ in range(5):
+        t = [rng.randrange(30) for _ in range(12)]
+        while len(t) < 90:
+            i = rng.randrange(len(t) - 3)
+            t += t[i:i + rng.randrange(2, 8)] if rng.random() < 0.7 else [rng.randrange(30)]
+        texts.append(t[:90])
+    runs = []
+    for on in (True, False):
+        before = compiled.use_compiled(on)
+        try:
+            p = cls(fake_config(k=5))
+        finally:
+            compiled.use_compiled(before)
+        assert (p.drafter_impl.buf is not None) == on
+        log, done = [], 0
+        rows = Rows([texts[0][:20], texts[1][:25]])
+        owner = [0, 1]  # row -> text
+        sampled = [[texts[0][19]], [texts[1][24]]]
+        for _ in range(40):
+            drafts = p.propose(sampled, rows.n, rows.ids)
+            log.append(drafts)
+            sampled = []
+            for r, chain in enumerate(drafts):
+                text, n = texts[owner[r]], int(rows.n[r])
+                a = 0
+                while a < len(chain) and n + a < len(text) and chain[a] == text[n + a]:
+                    a += 1
+                gained = text[n:n + a + 1]
+                rows.append(r, gained)
+                sampled.append(gained)
+            for r in range(len(owner)):  # a finished request gives its row to the next text
+                if rows.n[r] >= 80 and done < 3:
+                    done += 1
+                    owner[r] = 2 + done - 1
+                    rows.put(r, texts[owner[r]][:15])
+                    sampled[r] = [texts[owner[r]][14]]
+        runs.append((log, dict(p.stats)))
+    assert runs[0] == runs[1]
+    assert runs[1][1]["accepted"] > 0
