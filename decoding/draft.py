@@ -14,7 +14,7 @@ import torch
 from decoding.planner import Acceptance, PlannerConfig, node_keys, node_probs
 from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
 from decoding.sampling import SamplingParams, probs_from_logits, sample
-from decoding.prompt_lookup import DeviceHistories, PromptLookupConfig, lookup_states
+from decoding.prompt_lookup import DeviceHistories, HostHistories, PromptLookupConfig, lookup_states
 from decoding.tree import DRAFT, PLD, StepTree
 from decoding.verify import verify_draft_model, verify_mixed
 from models.llama import Transformer
@@ -281,6 +281,7 @@ class DraftPLD(DraftModel):
         self.pld_rates = Acceptance(PlannerConfig())
         self._found: dict[int, list[list[int]]] = {}
         self.histories = DeviceHistories()
+        self.host = HostHistories()  # the histories in C, where the compiled drafting runs
 
     def init_state(self, base: SeqState) -> DraftState:
         state = super().init_state(base)
@@ -291,7 +292,8 @@ class DraftPLD(DraftModel):
         todo = [i for i, b in enumerate(budgets) if b.max_depth > 0]
         self._found = {}
         if todo:  # prompt lookup first: what it will likely give decides how far the draft model runs
-            found = lookup_states(ctx.backend, [states[i] for i in todo], self.pld, ctx.device, self.histories)
+            found = lookup_states(ctx.backend, [states[i] for i in todo], self.pld, ctx.device, self.histories,
+                                  self.host)
             self._found = {states[i].sid: [c[:budgets[i].max_depth] for c in chains] for i, chains in zip(todo, found)}
         trees = super().propose(states, budgets, ctx)
         for s, b, tree in zip(states, budgets, trees):

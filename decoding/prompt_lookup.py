@@ -93,10 +93,15 @@ HOST_SEARCH_TOKENS = 4096
 
 
 def lookup_states(backend, states: list[SeqState], cfg: PromptLookupConfig, device: torch.device | str = "cpu",
-                  mirror: Optional[DeviceHistories] = None) -> list[list[list[int]]]:
-    """``lookup_candidates`` of the states' histories; a backend whose kernel runs on the
-    device reads them from ``mirror`` (kept there between steps) when one is given, unless the
-    histories are short enough in all (``HOST_SEARCH_TOKENS``) to search faster on the host."""
+                  mirror: Optional[DeviceHistories] = None, host: Optional["HostHistories"] = None
+                  ) -> list[list[list[int]]]:
+    """``lookup_candidates`` of the states' histories. With ``host`` (where the compiled
+    drafting runs) the histories mirrored in C are searched there; else a backend whose
+    kernel runs on the device reads them from ``mirror`` (kept there between steps) when one is
+    given, unless the histories are short enough in all (``HOST_SEARCH_TOKENS``) to search
+    faster on the host."""
+    if host is not None and compiled_draft.enabled():
+        return [host.of(s).search(**_match_args(cfg)) for s in states]
     if mirror is None or backend.searches_on_host:
         return lookup_candidates(backend, [s.tokens for s in states], cfg, device)
     if sum(len(s.tokens) for s in states) <= HOST_SEARCH_TOKENS:

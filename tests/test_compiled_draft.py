@@ -156,3 +156,23 @@ def test_a_reference_store_keeps_its_proposers_on_the_reference():
         compiled.use_compiled(before)
     assert make_proposer("hybrid", store=store).buf is None
     assert make_proposer("suffix", store=store).buf is None
+
+
+def test_lookup_states_searches_the_c_histories_as_the_host_search():
+    """prompt_lookup.lookup_states with the histories in C (DraftPLD's search on the compiled path)
+    against the reference search, on histories that grow between calls."""
+    import random
+
+    from decoding.prompt_lookup import HostHistories, PromptLookupConfig, lookup_states
+    from decoding.proposer import SeqState
+    from kernels.backend import get_backend
+
+    rng = random.Random(4)
+    states = [SeqState(i, [rng.randrange(6) for _ in range(rng.randrange(1, 40))], 1) for i in range(4)]
+    host, backend = HostHistories(), get_backend("torch")
+    for cfg in (PromptLookupConfig(), PromptLookupConfig(num_candidates=4, prefer="recent", max_ngram=4),
+                PromptLookupConfig(partial=False, min_ngram=2)):
+        for _ in range(6):
+            for s in states:
+                s.tokens += [rng.randrange(6) for _ in range(rng.randrange(0, 4))]
+            assert lookup_states(backend, states, cfg, host=host) == lookup_states(backend, states, cfg)
