@@ -546,7 +546,9 @@ def markdown(res: dict) -> str:
         lines += ["", "## Prefill (one prompt, causal chunks)", "",
                   f"`ModelRunner.step` over chunks of {res['prefill'][0]['chunk']} tokens, committed; the fastest "
                   "of up to 3 interleaved rounds; floor: the weights read once per chunk at the read bandwidth vs "
-                  "the products' and causal attention's flops at the best peak.", "",
+                  "the products' and causal attention's flops at the best peak"
+                  + (" (quantized: + the prompt's embedding rows and each chunk's keys and values read, the "
+                     "products' flops at the int8 peak)." if h.get("quant_bytes") else "."), "",
                   "| build | tokens | ms | tokens/s | read GB/s | floor ms | bound | ms / floor | GFLOP/s "
                   "| share of peak |",
                   "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
