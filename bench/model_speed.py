@@ -96,6 +96,47 @@ def weight_bytes(model: Transformer) -> int:
     return total
 
 
+def weight_format(model: Transformer) -> str:
+    """"fp32" for a model whose products multiply its parameters; else the ``weights`` its
+    products were quantized with (models/loader.py quantize_model: "q8_0", "native")."""
+    if model.head_quant is None and not any(getattr(m, "quant", None) is not None for m in model.modules()):
+        return "fp32"
+    return getattr(model, "weights", None) or "quantized"
+
+
+def quant_bytes(model: Transformer) -> dict:
+    """What one step of a model with block-quantized products reads of its weights, by part:
+    ``products`` the packed Q4_1 / Q8_0 weights of every layer product and the LM head as stored
+    (kernels/quant.py: 20 bytes per 32 weights for Q4_1, 34 for Q8_0, rows padded to panels of
+    16), ``other`` the remaining parameters (norms, biases) read whole, ``embed_row`` the bytes of
+    one embedding row (a step reads its tokens' rows only: the table stays fp32, the LM head has
+    its own packed copy); ``formats`` format -> (weights, bytes)."""
+    packed = [m.quant for m in model.modules() if isinstance(m, Linear) and m.quant is not None]
+    if model.lm_head is None and model.head_quant is not None:  # tied: the head is a packed copy of the table
+        packed.append(model.head_quant)
+    formats: dict = {}
+    for w in packed:
+        n, k = w.shape
+        weights, nbytes = formats.get(w.format, (0, 0))
+        formats[w.format] = (weights + n * k, nbytes + w.nbytes)
+    embed = model.embed.weight
+    other = sum(p.numel() * p.element_size() for p in model.parameters()
+                if p.device.type != "meta" and p is not embed)
+    return dict(products=sum(w.nbytes for w in packed), other=other,
+                embed_row=embed.shape[1] * embed.element_size(), formats=formats)
+
+
+def int8_kind_for(isa: Optional[str]) -> Optional[str]:
+    """The form of the int8 dot products (kernels/skinny.py INT8_PEAKS) that ``isa``'s build of
+    the quantized products takes (None: the active build's)."""
+    from kernels import skinny
+    if isa is None:
+        return skinny.int8_kind()
+    if isa == "avx512":
+        return "vnni512" if "avx512_vnni" in skinny.cpu_flags() else "maddubs512"
+    return "maddubs256"
+
+
 def make_timer(device: torch.device, reps: int):
     def run(fn) -> float:  # median ms
         fn()
@@ -126,11 +167,13 @@ def attention_flops(cfg: ModelConfig, rows: int, keys: int) -> int:
     return 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * rows * keys
 
 
-def roofline(device: torch.device, dtype: torch.dtype, timer, copy_gbs: float) -> dict:
+def roofline(device: torch.device, dtype: torch.dtype, timer, copy_gbs: float,
+             int8_kinds: tuple = ()) -> dict:
     """The machine's roofline, measured now: the peak rate of the step's arithmetic and the
     memory bandwidth weights stream at. CPU (fp32): the FMA peak at each vector width the CPU
     has and the read bandwidth, every thread (kernels/cpu/roofline.c); GPU: a large matrix
-    product in ``dtype`` and the copy bandwidth."""
+    product in ``dtype`` and the copy bandwidth. ``int8_kinds``: the int8 dot products' forms
+    (kernels/skinny.py INT8_PEAKS) whose peak to measure too, for quantized products."""
     if device.type == "cuda":
         n = 8192
         a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
@@ -146,8 +189,11 @@ def roofline(device: torch.device, dtype: torch.dtype, timer, copy_gbs: float) -
     buf = torch.ones(128 << 20)  # 512 MB, far past the caches
     read = max(skinny.read_bandwidth_gbs(buf) for _ in range(3))
     del buf
-    return dict(peak_gflops=peaks, bandwidth_gbs=read, bandwidth_from="read bandwidth (8 streams per thread)",
-                threads=torch.get_num_threads(), isa=skinny.isa())
+    out = dict(peak_gflops=peaks, bandwidth_gbs=read, bandwidth_from="read bandwidth (8 streams per thread)",
+               threads=torch.get_num_threads(), isa=skinny.isa())
+    if int8_kinds:
+        out["int8_peak_gops"] = {k: max(skinny.int8_peak_gops(k) for _ in range(3)) for k in int8_kinds}
+    return out
 
 
 def against_roofline(ms: float, wbytes: int, flops: int, roof: dict) -> dict:
@@ -161,6 +207,23 @@ def against_roofline(ms: float, wbytes: int, flops: int, roof: dict) -> dict:
     return dict(flops=flops, gflops=flops / (ms * 1e-3) / 1e9, roofline_ms=floor,
                 vs_roofline=ms / floor, peak_frac=(flops / (ms * 1e-3) / 1e9 / peak) if peak else None,
                 bound="memory" if mem_ms >= flop_ms else "compute")
+
+
+def against_quant_roofline(ms: float, wbytes: int, kv_bytes: int, quant_flops: int, attn_flops: int, roof: dict,
+                           int8_kind: str) -> dict:
+    """``against_roofline`` for a forward whose products run on block-quantized weights: its
+    floor is the larger of (the weights' bytes as stored + the K/V bytes its attention reads) at
+    the read bandwidth and (the products' flops at the int8 dot products' peak, ``int8_kind``'s,
+    + attention's at the best fp32 peak); the share of peak is that compute floor over ``ms``."""
+    int8 = roof["int8_peak_gops"][int8_kind]
+    fp32 = max(roof["peak_gflops"].values())
+    mem_ms = (wbytes + kv_bytes) / (roof["bandwidth_gbs"] * 1e9) * 1e3
+    flop_ms = (quant_flops / (int8 * 1e9) + attn_flops / (fp32 * 1e9)) * 1e3
+    floor = max(mem_ms, flop_ms)
+    flops = quant_flops + attn_flops
+    return dict(flops=flops, gflops=flops / (ms * 1e-3) / 1e9, roofline_ms=floor, vs_roofline=ms / floor,
+                peak_frac=flop_ms / ms, bound="memory" if mem_ms >= flop_ms else "compute",
+                floor_weight_bytes=wbytes, floor_kv_bytes=kv_bytes, int8_peak=int8_kind)
 
 
 def copy_bandwidth(device: torch.device, timer, nbytes: int) -> float:
@@ -214,19 +277,33 @@ def measure(args) -> dict:
     dtype = DTYPES[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
     kernel = args.kernel or ("triton" if device.type == "cuda" else "torch")
     backend = get_backend(kernel, device)
-    cfg = ModelConfig(**SHAPES[args.shape])
-    model = random_model(cfg, backend, dtype, device)
+    if args.model is not None:  # a real model (its shape, its file's blocks with --weights native)
+        from models.loader import load_model
+        model = load_model(args.model, backend=backend, dtype=dtype, device=device, tune=False,
+                           weights=args.weights).model
+        cfg = model.cfg
+    else:
+        cfg = ModelConfig(**SHAPES[args.shape])
+        model = random_model(cfg, backend, dtype, device)
+        if args.weights not in (None, "fp32"):  # q8_0 from the random fp32 weights
+            from models.loader import quantize_model, resolve_weights
+            quantize_model(model, resolve_weights(args.weights, dtype, device))
+    fmt = weight_format(model)
+    qb = quant_bytes(model) if fmt != "fp32" else None
     max_batch = max(max(args.batch), max(args.step_batch))
     per_seq = args.context + max(args.step_tokens) + 16
     runner = ModelRunner(model, cache_tokens=max(max_batch * (per_seq + 16), args.prefill + 64), block_size=16,
                          graphs=args.cuda_graphs)
     timer = make_timer(device, args.reps)
-    wbytes = weight_bytes(model)
+    wbytes = weight_bytes(model) if qb is None else qb["products"] + qb["other"]  # embedding rows: per step
     kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.finfo(dtype).bits // 8
     vocab = cfg.vocab_size
     gen = torch.Generator().manual_seed(0)
     copy_gbs = copy_bandwidth(device, timer, args.copy_mb << 20)
-    roof = roofline(device, dtype, timer, copy_gbs)
+    int8_kinds = ()
+    if qb is not None:
+        int8_kinds = tuple(dict.fromkeys(int8_kind_for(i) for i in (args.isa or [None])))
+    roof = roofline(device, dtype, timer, copy_gbs, int8_kinds)
     # On a CPU the read bandwidth is measured again beside every point: on a shared host it
     # switches between states (here 30-35 and 50-80 GB/s) within minutes, and a memory-bound
     # point's floor must use the state the point ran in.
@@ -238,6 +315,17 @@ def measure(args) -> dict:
         def probe() -> dict:
             return dict(roof, bandwidth_gbs=max(skinny.read_bandwidth_gbs(probe_buf) for _ in range(2)))
     layer_flops, head_flops = product_flops(model)
+
+    def floor(ms: float, rows: int, keys: int, quant_flops: int, attn_flops: int, here: dict, isa,
+              passes: int = 1) -> dict:
+        """The point against the roofline: ``rows`` step rows through the products, ``keys``
+        keys read by its attention (all sequences), the weights read ``passes`` times. fp32: the
+        weights' bytes at the bandwidth vs all flops at the best fp32 peak (as always);
+        quantized: ``against_quant_roofline``."""
+        if qb is None:
+            return against_roofline(ms, passes * wbytes, quant_flops + attn_flops, here)
+        return against_quant_roofline(ms, passes * wbytes + rows * qb["embed_row"], keys * kv_per_token,
+                                      quant_flops, attn_flops, here, int8_kind_for(isa))
 
     isas = args.isa or [None]  # CPU builds to time side by side (kernels/skinny.py), None: the active one
     tables = {}
@@ -321,8 +409,8 @@ def measure(args) -> dict:
                        tok_s=b / (fwd * 1e-3), weight_gbs=wbytes / (fwd * 1e-3) / 1e9,
                        weight_kv_gbs=(wbytes + kv_bytes) / (fwd * 1e-3) / 1e9,
                        weight_bw_frac=wbytes / (fwd * 1e-3) / 1e9 / copy_gbs, isa=isa,
-                       **against_roofline(fwd, wbytes, b * (layer_flops + head_flops)
-                                          + attention_flops(cfg, b, args.context + 1), here),
+                       **floor(fwd, b, b * (args.context + 1), b * (layer_flops + head_flops),
+                               attention_flops(cfg, b, args.context + 1), here, isa),
                        bandwidth_gbs=here["bandwidth_gbs"])
             if replay is not None:
                 row.update(replay_ms=replay, replayed=replayed, graph_speedup=fwd / replay,
@@ -350,8 +438,8 @@ def measure(args) -> dict:
                 row = dict(batch=b, step_tokens=T, context=args.context, forward_ms=fwd, step_ms=step,
                            forward_rel=fwd / first[0], step_rel=step / first[1], baseline_ms=base_fwd,
                            baseline_rel=base_fwd / base[isas[0]][2], isa=isa,
-                           **against_roofline(fwd, wbytes, b * T * (layer_flops + head_flops)
-                                              + attention_flops(cfg, b * T, args.context + T), here),
+                           **floor(fwd, b * T, b * (args.context + T), b * T * (layer_flops + head_flops),
+                                   attention_flops(cfg, b * T, args.context + T), here, isa),
                            bandwidth_gbs=here["bandwidth_gbs"])
                 if replay is not None:
                     row.update(replay_ms=replay, replay_rel=replay / first[3], replayed=replayed)
@@ -372,7 +460,8 @@ def measure(args) -> dict:
         n, chunk = args.prefill, default_prefill_chunk(device)
         prompt = torch.randint(0, vocab, (n,), generator=gen).tolist()
         chunks = -(-n // chunk)
-        flops = n * layer_flops + head_flops + attention_flops(cfg, 1, 1) * n * (n + 1) // 2
+        attn = attention_flops(cfg, 1, 1) * n * (n + 1) // 2
+        keys = sum(min(n, (c + 1) * chunk) for c in range(chunks))  # each chunk reads the keys up to its end
         best = {}
         for _ in range(min(args.reps, 3)):
             for isa in isas:
@@ -391,7 +480,8 @@ def measure(args) -> dict:
             here = probe() if probe else roof
             prefill.append(dict(tokens=n, chunk=chunk, ms=best[isa], tok_s=n / (best[isa] * 1e-3), isa=isa,
                                 bandwidth_gbs=here["bandwidth_gbs"],
-                                **against_roofline(best[isa], chunks * wbytes, flops, here)))
+                                **floor(best[isa], n, keys, n * layer_flops + head_flops, attn, here, isa,
+                                        passes=chunks)))
 
     import triton
     return dict(
@@ -399,7 +489,8 @@ def measure(args) -> dict:
                     triton_interpreted=kernel == "triton" and triton_interpreted(), shape=args.shape,
                     config={k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "intermediate_size",
                                                          "num_layers", "num_heads", "num_kv_heads", "head_dim")},
-                    weight_bytes=wbytes, copy_gbs=copy_gbs, roofline=roof, layer_flops_per_row=layer_flops,
+                    weight_bytes=wbytes, weights=fmt, quant_bytes=qb, model=args.model,
+                    kv_bytes_per_token=kv_per_token, copy_gbs=copy_gbs, roofline=roof, layer_flops_per_row=layer_flops,
                     head_flops_per_row=head_flops, isas=isas,
                     product_tables=(tables.get("default") if isas == [None] else tables) if tables else None,
                     torch=torch.__version__, triton=triton.__version__,
@@ -423,7 +514,8 @@ def _progress(total: int):
 
 def markdown(res: dict) -> str:
     h = res["header"]
-    lines = [f"# Model speed: {h['shape']} (random weights)", "",
+    lines = [f"# Model speed: {h['shape']} ({'random weights' if not h.get('model') else h['model']}"
+             f"{'' if h.get('weights', 'fp32') == 'fp32' else ', weights ' + _format_text(h)})", "",
              f"device {h['device']}, dtype {h['dtype']}, kernels {h['kernel']}"
              f"{' (Triton interpreted: not a speed measurement)' if h['triton_interpreted'] else ''}, "
              f"torch {h['torch']}, triton {h['triton']}; weights {h['weight_bytes'] / 1e9:.3f} GB; "
@@ -454,7 +546,9 @@ def markdown(res: dict) -> str:
         lines += ["", "## Prefill (one prompt, causal chunks)", "",
                   f"`ModelRunner.step` over chunks of {res['prefill'][0]['chunk']} tokens, committed; the fastest "
                   "of up to 3 interleaved rounds; floor: the weights read once per chunk at the read bandwidth vs "
-                  "the products' and causal attention's flops at the best peak.", "",
+                  "the products' and causal attention's flops at the best peak"
+                  + (" (quantized: + the prompt's embedding rows and each chunk's keys and values read, the "
+                     "products' flops at the int8 peak)." if h.get("quant_bytes") else "."), "",
                   "| build | tokens | ms | tokens/s | read GB/s | floor ms | bound | ms / floor | GFLOP/s "
                   "| share of peak |",
                   "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
@@ -491,8 +585,30 @@ def _b(r: dict) -> str:
     return f"{r['batch']} ({r['isa']})" if r.get("isa") else str(r["batch"])
 
 
+def _format_text(h: dict) -> str:
+    """The weights' format and what a step reads of them, e.g. "native (q4_1 0.625 B/weight, ...)"."""
+    qb = h.get("quant_bytes") or {}
+    parts = [f"{f} {n:,} weights at {b / n:.4g} B/weight" for f, (n, b) in sorted(qb.get("formats", {}).items())]
+    return f"{h.get('weights')} ({'; '.join(parts)})" if parts else str(h.get("weights"))
+
+
 def _roofline_line(h: dict) -> str:
     r = h.get("roofline") or {}
+    if h.get("quant_bytes"):
+        qb = h["quant_bytes"]
+        fp32 = max(r.get("peak_gflops", {}).values(), default=0.0)
+        int8 = ", ".join(f"{k} {v:.0f} GOP/s" for k, v in r.get("int8_peak_gops", {}).items())
+        return (f"roofline (measured in this run): int8 dot-product peak {int8 or 'not measured'} (the quantized "
+                f"products' form: vnni512 = vpdpbusd, maddubs* = maddubs + madd without VNNI); fp32 FMA peak "
+                f"{fp32:.0f} GFLOP/s; {r.get('bandwidth_from', 'bandwidth')} {r.get('bandwidth_gbs', 0):.1f} GB/s. "
+                f"Weights {_format_text(h)}: {qb['products'] / 1e6:.1f} MB of packed products (LM head included) "
+                f"+ {qb['other'] / 1e6:.2f} MB of norms and biases + {qb['embed_row']} bytes of embedding per "
+                f"step row; K/V {h['kv_bytes_per_token']} bytes per key (all layers). A step's floor: the larger "
+                f"of (those weight bytes + the K/V bytes of the keys its attention reads, at the read bandwidth) "
+                f"and (the products' {h.get('layer_flops_per_row', 0) / 1e6:.0f} MFLOP per step row + "
+                f"{h.get('head_flops_per_row', 0) / 1e6:.0f} per logits row at the int8 peak + attention's flops "
+                "(4 x layers x heads x head_dim per row and key) at the fp32 peak); share of peak: that compute "
+                "time over the forward's. On a CPU the read bandwidth is measured again beside every point.")
     peaks = ", ".join(f"{k}{'-bit FMA' if k.isdigit() else ''} {v:.0f} GFLOP/s"
                       for k, v in r.get("peak_gflops", {}).items())
     return (f"roofline (measured in this run): peak {peaks or 'not measured'}; {r.get('bandwidth_from', 'bandwidth')} "
@@ -585,6 +701,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on a GPU, fp32 on a CPU")
     p.add_argument("--kernel", choices=["triton", "torch"], default=None,
                    help="default: triton on a GPU, torch on a CPU")
+    p.add_argument("--weights", choices=("fp32", "q8_0", "native"), default=None,
+                   help="the products' weights (models/loader.py): fp32, q8_0 (quantized from fp32) or native "
+                        "(a GGUF file's own Q4_1 / Q8_0 blocks: the default model's file unless --model names "
+                        "another); default: load_model's with --model, else fp32 (random weights)")
+    p.add_argument("--model", default=None,
+                   help="time a real model (load_model's name: smollm2, a .gguf file, an HF folder) instead of "
+                        "random weights at --shape; --weights native alone means the default model")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
     p.add_argument("--batch", type=ints, default=None, help="decode batch sizes (default 1,2,4,8,16,32,64)")
     p.add_argument("--step-tokens", type=ints, default=None, help="step sizes (default 1,2,4,...,128)")
@@ -611,6 +734,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="folder for model_speed.json/.md and step_cost.png (default out/model_speed)")
     args = p.parse_args(argv)
     gpu = torch.cuda.is_available() and (args.device or "cuda").startswith("cuda")
+    if args.weights == "native" and args.model is None:
+        args.model = "smollm2"  # native blocks come from a file: the embedded default model's
+    if args.model is not None and args.shape is None and args.model == "smollm2":
+        args.shape = "smollm2-135m"  # its shape, for the length checks below and the report
     args.shape = args.shape or ("mistral-7b" if gpu else "smollm2-135m")
     if args.cuda_graphs and not (gpu and args.kernel != "torch"):
         p.error("--cuda-graphs needs a CUDA device and the triton kernels (not --kernel torch)")

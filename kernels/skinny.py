@@ -30,8 +30,9 @@ the form; ``SPECDEC_SKINNY=0`` turns it off. fp32 only here; the products with Q
 weights (``cpu/quant_gemm.c``) are in the same library, launched by kernels/quant.py.
 
 The library also measures the machine's roofline (``cpu/roofline.c``): the peak FMA rate at
-256 and 512 bits and the memory read bandwidth, every thread at once (``fma_peak_gflops``,
-``read_bandwidth_gbs``; bench/model_speed.py reports steps against them).
+256 and 512 bits, the int8 dot products' peak in the quantized products' form
+(``int8_peak_gops``: VNNI, else maddubs + madd) and the memory read bandwidth, every thread at
+once (``fma_peak_gflops``, ``read_bandwidth_gbs``; bench/model_speed.py reports steps against them).
 """
 
 import contextlib
@@ -179,6 +180,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.quant_vnni.restype = ctypes.c_int
     lib.roofline_fma_peak.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int]
     lib.roofline_fma_peak.restype = ctypes.c_double
+    lib.roofline_int8_peak.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int]
+    lib.roofline_int8_peak.restype = ctypes.c_double
     lib.roofline_read_bandwidth.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
     lib.roofline_read_bandwidth.restype = ctypes.c_double
 
@@ -234,6 +237,37 @@ def fma_peak_gflops(bits: int, threads: Optional[int] = None, iters: int = 4_000
     if not isinstance(iters, int) or iters < 1:
         raise ValueError(f"iters must be an int >= 1, got {iters!r}")
     return lib.roofline_fma_peak(bits, iters, _threads(threads))
+
+
+# the quantized products' integer dot products (cpu/quant_gemm.c), as cpu/roofline.c measures
+# them: name -> (its code there, the CPU flags it needs)
+INT8_PEAKS = {"maddubs256": (0, ("avx2",)), "maddubs512": (1, ("avx512f", "avx512bw")),
+              "vnni512": (2, ("avx512f", "avx512_vnni"))}
+
+
+def int8_peak_gops(kind: str, threads: Optional[int] = None, iters: int = 4_000_000) -> float:
+    """The peak rate of int8 dot products (GOP/s, 2 per u8 x s8 product, all ``threads`` at once)
+    in the form ``kind`` of ``INT8_PEAKS``: "vnni512" (vpdpbusd), "maddubs512" / "maddubs256"
+    (maddubs + madd + add, the kernel's form without VNNI); independent chains on registers."""
+    lib = _require()
+    if kind not in INT8_PEAKS:
+        raise ValueError(f"kind must be one of {', '.join(INT8_PEAKS)}, got {kind!r}")
+    code, need = INT8_PEAKS[kind]
+    missing = [f for f in need if f not in cpu_flags()]
+    if missing:
+        raise ValueError(f"this CPU cannot run {kind} (no {', '.join(missing)})")
+    if not isinstance(iters, int) or iters < 1:
+        raise ValueError(f"iters must be an int >= 1, got {iters!r}")
+    return lib.roofline_int8_peak(code, iters, _threads(threads))
+
+
+def int8_kind() -> Optional[str]:
+    """The form of ``INT8_PEAKS`` the active build's quantized products take (None when the
+    kernels are unavailable)."""
+    lib = _load()
+    if lib is None:
+        return None
+    return "vnni512" if lib.quant_vnni() == 1 else "maddubs512" if _isa == "avx512" else "maddubs256"
 
 
 def _threads(threads: Optional[int]) -> int:

@@ -87,6 +87,8 @@ def test_each_step_is_set_against_the_measured_roofline(tmp_path):
     res = main(["--shape", "tiny", "--quick", "--device", "cpu", "--kernel", "torch", "--isa", ",".join(isas),
                 "--prefill", "600", "--out", str(tmp_path / "speed"), "--cache-dir", str(tmp_path / "cache")])
     roof = res["header"]["roofline"]
+    assert res["header"]["weights"] == "fp32" and res["header"]["quant_bytes"] is None  # fp32: as it was
+    assert "int8_peak_gops" not in roof and "int8_peak" not in res["step_cost"][0]
     assert set(roof["peak_gflops"]) == ({"256", "512"} if "avx512f" in skinny.cpu_flags() else {"256"})
     assert all(v > 0 for v in roof["peak_gflops"].values()) and roof["bandwidth_gbs"] > 0
     layer, head = res["header"]["layer_flops_per_row"], res["header"]["head_flops_per_row"]
@@ -232,3 +234,121 @@ def test_graph_replay_is_timed_beside_the_eager_forward(tmp_path):
     stats = res["header"]["graph_stats"]
     assert stats["eager"] == 0 and stats["failed"] is None
     assert "## Replayed from CUDA graphs" in markdown(res)
+
+
+def _tiny_q4_1_model():
+    """The tiny shape with Q4_1 layer products and a Q8_0 LM head, as the default model's file has."""
+    from kernels.quant import quantize_q4_1, quantize_q8_0
+    from models.linear import Linear
+
+    cfg = ModelConfig(**SHAPES["tiny"])
+    model = random_model(cfg, get_backend("torch"), torch.float32, torch.device("cpu"))
+    for layer in model.layers:
+        for m in layer.modules():
+            if isinstance(m, Linear):
+                m.quantize(quantize_q4_1(m.weight))
+    model.head_quant = quantize_q8_0(model.head_weight)
+    model.lm_head.quantize(model.head_quant)
+    model.weights = "native"
+    return cfg, model
+
+
+def test_quantized_weight_bytes_are_the_formats_bytes_as_stored():
+    """Q4_1: 20 bytes per 32 weights, Q8_0: 34; norms whole; the embedding a row at a time."""
+    from bench.model_speed import quant_bytes, weight_format
+    from models.loader import quantize_model
+
+    # tiny: hidden 128, 4 heads and 2 kv heads of 32, intermediate 256, vocab 512, 2 layers (untied head)
+    per_layer = (128 + 64 + 64) * 128 + 128 * 128 + 2 * 256 * 128 + 128 * 256
+    layers, head = 2 * per_layer, 512 * 128
+    assert layers == 294_912 and head == 65_536
+    norms = (2 * 2 + 1) * 128 * 4  # two a layer and the final one, fp32
+    cfg, model = _tiny_q4_1_model()
+    qb = quant_bytes(model)
+    assert weight_format(model) == "native"
+    assert qb["formats"] == {"q4_1": (layers, layers // 32 * 20), "q8_0": (head, head // 32 * 34)}
+    assert qb["products"] == 184_320 + 69_632 and qb["other"] == norms and qb["embed_row"] == 128 * 4
+
+    model = random_model(cfg, get_backend("torch"), torch.float32, torch.device("cpu"))
+    assert weight_format(model) == "fp32"
+    quantize_model(model, "q8_0")
+    qb = quant_bytes(model)
+    assert weight_format(model) == "q8_0"
+    assert qb["formats"] == {"q8_0": (layers + head, (layers + head) // 32 * 34)}
+    assert qb["products"] == 382_976 and qb["other"] == norms
+
+
+def test_a_quantized_floor_takes_stored_bytes_kv_and_the_int8_peak():
+    """Pure numbers: 1 GB at 50 GB/s = 20 ms; 1 GOP at the int8 1,000 GOP/s = 1 ms; attention at
+    the fp32 peak (the best width), not the int8 one."""
+    from bench.model_speed import against_quant_roofline
+
+    roof = dict(peak_gflops={"256": 100.0, "512": 200.0}, bandwidth_gbs=50.0,
+                int8_peak_gops={"vnni512": 1000.0, "maddubs256": 250.0})
+    r = against_quant_roofline(40.0, 9 * 10**8, 10**8, 10**9, 0, roof, "vnni512")
+    assert r["roofline_ms"] == pytest.approx(20.0) and r["bound"] == "memory" and r["vs_roofline"] == pytest.approx(2)
+    assert r["peak_frac"] == pytest.approx(1 / 40) and r["int8_peak"] == "vnni512"
+    r = against_quant_roofline(100.0, 10**8, 0, 5 * 10**10, 2 * 10**9, roof, "vnni512")
+    assert r["roofline_ms"] == pytest.approx(50.0 + 10.0) and r["bound"] == "compute"
+    r = against_quant_roofline(100.0, 10**8, 0, 5 * 10**10, 2 * 10**9, roof, "maddubs256")  # without VNNI
+    assert r["roofline_ms"] == pytest.approx(200.0 + 10.0) and r["peak_frac"] == pytest.approx(2.1)
+
+
+def test_the_int8_peak_probe_measures_each_form_the_cpu_runs():
+    from kernels import skinny
+
+    if not skinny.available():
+        pytest.skip(f"skinny kernel: {skinny.unavailable_reason()}")
+    flags = skinny.cpu_flags()
+    for kind, (_, need) in skinny.INT8_PEAKS.items():
+        if all(f in flags for f in need):
+            assert skinny.int8_peak_gops(kind, iters=20_000) > 0
+        else:
+            with pytest.raises(ValueError, match="cannot run"):
+                skinny.int8_peak_gops(kind)
+    assert skinny.int8_kind() == ("vnni512" if skinny._load().quant_vnni() == 1
+                                  else "maddubs512" if skinny.isa() == "avx512" else "maddubs256")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        skinny.int8_peak_gops("fp8")
+
+
+def test_a_quantized_model_is_set_against_its_bytes_and_the_int8_peak(tmp_path):
+    from kernels import skinny
+
+    if not skinny.available():
+        pytest.skip(f"skinny kernel: {skinny.unavailable_reason()}")
+    res = main(["--shape", "tiny", "--quick", "--device", "cpu", "--kernel", "torch", "--weights", "q8_0",
+                "--prefill", "300", "--out", str(tmp_path / "speed"), "--cache-dir", str(tmp_path / "cache")])
+    h = res["header"]
+    roof, qb = h["roofline"], h["quant_bytes"]
+    kind = skinny.int8_kind()
+    assert h["weights"] == "q8_0" and list(roof["int8_peak_gops"]) == [kind] and roof["int8_peak_gops"][kind] > 0
+    assert h["weight_bytes"] == qb["products"] + qb["other"] == 382_976 + 2_560
+    assert h["kv_bytes_per_token"] == 2 * 2 * 2 * 32 * 4  # K and V, layers, kv heads, head_dim, fp32
+    layer, head = h["layer_flops_per_row"], h["head_flops_per_row"]
+    int8, fp32 = roof["int8_peak_gops"][kind], max(roof["peak_gflops"].values())
+    rows = [dict(r, step_tokens=1) for r in res["decode"]] + res["step_cost"]
+    for r in rows:
+        n = r["batch"] * r["step_tokens"]
+        keys = r["batch"] * (64 + r["step_tokens"])  # context 64 (--quick)
+        attention = 4 * 2 * 4 * 32 * n * (64 + r["step_tokens"])
+        wbytes = h["weight_bytes"] + n * 512
+        floor = max((wbytes + keys * 1024) / (r["bandwidth_gbs"] * 1e9),
+                    n * (layer + head) / (int8 * 1e9) + attention / (fp32 * 1e9)) * 1e3
+        assert r["int8_peak"] == kind and r["floor_weight_bytes"] == wbytes and r["floor_kv_bytes"] == keys * 1024
+        assert r["roofline_ms"] == pytest.approx(floor) and r["vs_roofline"] == pytest.approx(r["forward_ms"] / floor)
+    (p,) = res["prefill"]
+    chunks = -(-300 // p["chunk"])
+    assert p["floor_weight_bytes"] == chunks * h["weight_bytes"] + 300 * 512
+    md = (tmp_path / "speed" / "model_speed.md").read_text()
+    assert "weights q8_0 (q8_0 360,448 weights at 1.062 B/weight)" in md and f"{kind} " in md
+
+
+def test_weights_native_means_the_default_model_file(capsys):
+    from bench.model_speed import parse_args
+
+    args = parse_args(["--weights", "native"])
+    assert args.model == "smollm2" and args.shape == "smollm2-135m"
+    assert parse_args(["--shape", "tiny"]).weights is None and parse_args(["--shape", "tiny"]).model is None
+    with pytest.raises(SystemExit):
+        parse_args(["--weights", "q4"])
