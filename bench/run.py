@@ -143,6 +143,8 @@ def _check(args) -> None:
         from bench.vllm_compare import check_args
         check_args(args)
         args.shared_store = True  # like for like: vLLM's suffix method and our drafter inside vLLM keep one
+        if args.weights is None:  # like for like: vLLM runs the dequantised fp32 weights
+            args.weights = "fp32"
     if args.compare_llamacpp:
         from bench.llamacpp_compare import check_args as check_llamacpp
         check_llamacpp(args)

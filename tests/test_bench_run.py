@@ -617,6 +617,10 @@ def test_shared_store_flag(tmp_path):
     assert parse_args(["--out", str(tmp_path)]).shared_store is False
     assert parse_args(["--shared-store", "--out", str(tmp_path)]).shared_store is True
     assert parse_args(["--compare-vllm", "--out", str(tmp_path)]).shared_store is True
+    # like for like on the weights too: vLLM runs the dequantised fp32 ones
+    assert parse_args(["--compare-vllm", "--out", str(tmp_path)]).weights == "fp32"
+    assert parse_args(["--compare-vllm", "--weights", "native", "--out", str(tmp_path)]).weights == "native"
+    assert parse_args(["--out", str(tmp_path)]).weights is None
 
 
 @pytest.mark.parametrize("flags, message", [
