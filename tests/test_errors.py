@@ -421,3 +421,122 @@ def test_a_damaged_gguf_file_names_it(tmp_path, damage, want):
     for fragment in want:
         assert fragment in msg, (fragment, msg)
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())  # nothing half-converted
+
+
+@pytest.fixture(scope="module")
+def gguf_cache(tmp_path_factory):
+    """The default GGUF file's conversion cache entry, with its packed weights where the CPU
+    kernels run: built once, its files hard-linked into each case's cache."""
+    cache = tmp_path_factory.mktemp("cache")
+    load_model(str(default_model_path()), cache_dir=cache, tune=False)
+    (entry,) = [p for p in cache.iterdir() if (p / "done").is_file()]
+    return entry
+
+
+class _Converting(Exception):
+    """Raised where a load starts converting the GGUF file again (seconds the test need not spend)."""
+
+
+# (cache file, damage, what the warning names); a damaged entry is converted again from the GGUF
+# file, never an error; None: rebuilt without a warning (no entry that looks complete)
+CACHE_CASES = [
+    ("config.json", "truncated", ["config.json is not valid JSON (it ends early: truncated?)"]),
+    ("config.json", "bad JSON", ["config.json is not valid JSON: Expecting"]),
+    ("config.json", "missing", ["config.json is missing"]),
+    ("config.json", "hidden_size contradicts the weights",
+     ["model.safetensors: tensor model.embed_tokens.weight has shape [49152, 576]", "hidden_size 512"]),
+    ("model.safetensors", "truncated", ["model.safetensors: SafetensorError"]),
+    ("model.safetensors", "missing", ["model.safetensors: FileNotFoundError"]),
+    ("tokenizer/tokenizer.json", "truncated", ["tokenizer.json is not valid JSON (it ends early: truncated?)"]),
+    ("tokenizer/tokenizer.json", "missing", ["tokenizer has no tokenizer: expected tokenizer.json"]),
+    ("done", "missing", None),
+]
+
+
+@pytest.mark.parametrize("name, damage, want", CACHE_CASES, ids=[f"{c[0]}-{c[1]}" for c in CACHE_CASES])
+def test_a_damaged_conversion_cache_is_converted_again(gguf_cache, tmp_path, monkeypatch, name, damage, want):
+    import os
+    import warnings
+
+    import models.loader as loader
+
+    entry = tmp_path / "cache" / gguf_cache.name
+    shutil.copytree(gguf_cache, entry, copy_function=os.link)
+    file = entry / name
+    {"truncated": _truncate, "bad JSON": _bad_json, "missing": lambda f: _replace(f, None),
+     "hidden_size contradicts the weights": lambda f: _edit_json(f, hidden_size=512)}[damage](file)
+
+    def converting(path):
+        raise _Converting(path)
+
+    monkeypatch.setattr(loader, "_open_gguf", converting)
+    with warnings.catch_warnings(record=True) as seen, pytest.raises(_Converting):
+        warnings.simplefilter("always")
+        load_model(str(default_model_path()), cache_dir=tmp_path / "cache", tune=False, weights="fp32")
+    msgs = [str(w.message) for w in seen if issubclass(w.category, UserWarning)]
+    if want is None:
+        assert not [m for m in msgs if "conversion cache" in m], msgs
+        return
+    (msg,) = [m for m in msgs if "conversion cache" in m]
+    assert f"the conversion cache {entry} of {default_model_path().name} is unreadable" in msg, msg
+    assert "converting the file again" in msg and str(entry) in msg
+    for fragment in want:
+        assert fragment in msg, (fragment, msg)
+    assert not entry.exists()  # the damaged entry is gone before the new one is written
+
+
+@pytest.mark.parametrize("damage", ["truncated", "another model's products"])
+def test_damaged_packed_weights_are_packed_again(gguf_cache, tmp_path, damage):
+    """native-v1.safetensors (and q8_0-v1.safetensors, read by the same code) damaged: a warning
+    naming it, the weights packed again from the GGUF file, and the model loads."""
+    import os
+
+    from kernels import quant, skinny
+    from models.loader import _write_packed
+
+    if not skinny.available():
+        pytest.skip(f"the packed weights need the CPU kernels: {skinny.unavailable_reason()}")
+    entry = tmp_path / "cache" / gguf_cache.name
+    shutil.copytree(gguf_cache, entry, copy_function=os.link)
+    packed = entry / "native-v1.safetensors"
+    assert packed.is_file()
+    if damage == "truncated":
+        _truncate(packed)
+    else:
+        import torch
+
+        packed.unlink()
+        _write_packed(packed, {"head": quant.quantize_q8_0(torch.zeros(32, 64))})
+    with pytest.warns(UserWarning, match=f"the packed weights {packed} are unreadable .*; packing again"):
+        model, _ = load_model(str(default_model_path()), cache_dir=tmp_path / "cache", tune=False, weights="native")
+    assert model.weights == "native" and packed.is_file()
+
+
+def _cli(tmp_path, *argv):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "HOME": str(tmp_path / "home"),  # the default cache dir, away from the user's
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "decoding", "hi", "--max-new-tokens", "4", *argv], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_cli_names_a_damaged_model_file_and_its_flag(hf_folders, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(hf_folders / "single", bad)
+    _truncate(bad / "config.json")
+    r = _cli(tmp_path, "--model", str(bad))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"error: --model {bad}: {bad / 'config.json'} is not valid JSON (it ends early: truncated?)" in r.stderr
+
+    cut = tmp_path / "cut.gguf"
+    with open(default_model_path(), "rb") as f:
+        cut.write_bytes(f.read(2_000_000))
+    r = _cli(tmp_path, "--model", str(hf_folders / "single"), "--draft-model", str(cut), "--method", "draft")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"error: --draft-model {cut}: {cut} is truncated" in r.stderr, r.stderr
+    assert r.stdout == ""  # nothing generated
