@@ -47,20 +47,20 @@ class Bench:
         backend, dtype = get_backend(args.kernel, args.device), DTYPES[args.dtype]
         weights = getattr(args, "weights", None)
         self.model, self.tok = self._load("target", lambda: load_model(args.model, backend, dtype, args.device,
-                                                                       weights=weights))
+                                                                       weights=weights, named_by="--model"))
         cfg = self.model.cfg
         self.model_line = f"{args.model} ({cfg.architecture}, {cfg.num_layers} layers, hidden {cfg.hidden_size})"
         print(f"loaded: {self.model_line}", flush=True)
         self.draft = None
         if any(m.startswith("draft") for m in args.methods):
             draft = self._load("draft", lambda: load_model(args.draft_model, backend, dtype, args.device,
-                                                           weights=weights))
+                                                           weights=weights, named_by="--draft-model"))
             self.draft = draft.model
             # the vocabularies themselves (token -> id), now: before anything is generated
             same_tokenizer(self.tok, draft.tokenizer, f"--model {args.model}", f"--draft-model {args.draft_model}")
         elif args.compare_hf and args.draft_model:  # hf-assisted alone: its tokenizer, without our copy of it
-            same_tokenizer(self.tok, load_tokenizer(args.draft_model), f"--model {args.model}",
-                           f"--draft-model {args.draft_model}")
+            same_tokenizer(self.tok, load_tokenizer(args.draft_model, named_by="--draft-model"),
+                           f"--model {args.model}", f"--draft-model {args.draft_model}")
         if getattr(args, "cuda_graphs", False):
             from models.graphs import use_cuda_graphs
             for m in (self.model, self.draft):

@@ -77,7 +77,7 @@ def main(argv=None, out=sys.stdout, err=sys.stderr) -> int:
 
     backend = get_backend(args.kernel, args.device)
     gen = TextGenerator.load(args.model, backend=backend, dtype=DTYPES[args.dtype], device=args.device,
-                             weights=args.weights)
+                             weights=args.weights, named_by="--model")
     gen.chat_template = not args.no_chat_template
     prompt = args.chat if args.messages is not None else args.prompt
     n, ctx = len(gen.encode(prompt)), gen.model.cfg.max_position_embeddings
@@ -86,7 +86,8 @@ def main(argv=None, out=sys.stdout, err=sys.stderr) -> int:
                          f"is {ctx}, so at most {max(ctx - n, 0)} new tokens fit")
     draft = None
     if args.draft_model:
-        loaded = load_model(args.draft_model, backend, DTYPES[args.dtype], args.device, weights=args.weights)
+        loaded = load_model(args.draft_model, backend, DTYPES[args.dtype], args.device, weights=args.weights,
+                            named_by="--draft-model")
         inputs.same_tokenizer(gen.tokenizer, loaded.tokenizer, f"--model {args.model}",
                               f"--draft-model {args.draft_model}")
         draft = loaded.model

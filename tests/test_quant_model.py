@@ -194,13 +194,16 @@ def test_packed_weights_cache_round_trip_and_a_broken_one_is_packed_again(tmp_pa
     q4 = quant.quantize_q4_1(torch.randn(7, 96))
     path = tmp_path / "native-v1.safetensors"
     loader._write_packed(path, {"a": w, "b": q4})
-    back = loader._read_packed(path)
+    shapes = {"a": (20, 64), "b": (7, 96)}
+    back = loader._read_packed(path, shapes)
     assert back.keys() == {"a", "b"} and back["b"].format == "q4_1" and back["b"].n == 7
     assert torch.equal(back["a"].data, w.data) and torch.equal(back["b"].data, q4.data)
+    with pytest.warns(UserWarning, match=r"b is \(7, 96\) but the model's is \(8, 96\)"):  # another model's
+        assert loader._read_packed(path, {**shapes, "b": (8, 96)}) is None
     path.write_bytes(b"not safetensors")
     with pytest.warns(UserWarning, match="unreadable"):
-        assert loader._read_packed(path) is None
-    assert loader._read_packed(tmp_path / "missing.safetensors") is None
+        assert loader._read_packed(path, shapes) is None
+    assert loader._read_packed(tmp_path / "missing.safetensors", shapes) is None
     loader._write_packed(tmp_path / "no" / "entry.safetensors", {"a": w})  # no entry folder: skipped
     assert not (tmp_path / "no").exists()
 
