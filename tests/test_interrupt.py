@@ -75,7 +75,7 @@ def test_cli_ctrl_c_before_the_first_token(tmp_path, point, says):
 
 # ---------------------------------------------------------------- bench/run.py
 
-PROMPTS = [{"task": "qa", "prompt": "Read: The cat sat on the mat. The cat is black. Question: What colour is the cat?"},
+PROMPTS = [{"task": "qa", "prompt": "Read: The cat sat on the mat. The cat is black. Question: What colour is it?"},
            {"task": "qa", "prompt": "Name three primary colours."}]
 
 
@@ -97,7 +97,8 @@ def finished_turns(err: str) -> int:
 # The warm-up runs ar and pld once (prefills 1, 2), the first batch ar and pld (3, 4): prefill 5
 # and the decoding after it are the second batch's, and so is the second call of the rounds.
 @pytest.mark.parametrize("point, sig", [("batch:2", signal.SIGTERM), ("prefill:5", signal.SIGINT),
-                                        ("decode:6:3", signal.SIGTERM), ("load", signal.SIGINT)])
+                                        ("decode:6:3", signal.SIGTERM), ("load", signal.SIGINT)],
+                         ids=["between-batches-SIGTERM", "prefill-SIGINT", "decoding-SIGTERM", "load-SIGINT"])
 def test_bench_keeps_every_finished_batch(tmp_path, point, sig):
     rc, out, err = interrupt_at(point, "bench", bench_args(tmp_path), sig, tmp_path)
     name = signal.Signals(sig).name
