@@ -261,43 +261,45 @@ class Bench:
         self._warm_up([c["rec"] for c in todo if self._too_long(c) is None])
         results = []
         bar = tqdm(total=sum(1 + len(r["next_turns"]) for r in records), desc="prompt turns")
-        while todo:
-            # batches of prompts of one task; the next turns of conversations come back as new items
-            by_task: dict[str, list] = {}
-            for c in todo:
-                by_task.setdefault(c["rec"]["task"], []).append(c)
-            todo = []
-            for convs in by_task.values():
-                fit = []
-                for c in convs:
-                    msg = self._too_long(c)
-                    if msg is None:
-                        fit.append(c)
-                        continue
-                    print(f"error: {msg}", file=sys.stderr)  # reported by record; the others go on
-                    self.skipped.append(msg)
-                    bar.update(1 + len(c["rec"]["next_turns"]) - (c["turn"] - 1))
-                for i in range(0, len(fit), args.batch_size):
-                    batch = fit[i:i + args.batch_size]
-                    answers = {}
-                    prompts = {name: [self.encode(c["msgs"][name]) for c in batch] for name in self.methods}
-                    got = self._rounds(prompts, args.max_new_tokens, args.repeats)
-                    ar_out = [m.outputs[j]["output_ids"] for m, j in got["ar"]]
-                    for name in self.methods:
-                        for c, p, (m, j), ref in zip(batch, prompts[name], got[name], ar_out):
-                            results.append(self._record(c, name, p, m, j, ref))
-                            answers[(id(c), name)] = results[-1]["text"]
-                    for c in batch:  # the next turn sees the method's own answer
-                        nxt = c["rec"]["next_turns"]
-                        if c["turn"] <= len(nxt):
-                            todo.append({"rec": c["rec"], "turn": c["turn"] + 1, "msgs": {
-                                name: msgs + [{"role": "assistant", "content": answers[(id(c), name)]},
-                                              {"role": "user", "content": nxt[c["turn"] - 1]}]
-                                for name, msgs in c["msgs"].items()}})
-                    bar.update(len(batch))
-                    if on_batch is not None:
-                        on_batch(results)
-        bar.close()
+        try:  # closed on an interrupt too: its last redraw must not land after the run's last line
+            while todo:
+                # batches of prompts of one task; the next turns of conversations come back as new items
+                by_task: dict[str, list] = {}
+                for c in todo:
+                    by_task.setdefault(c["rec"]["task"], []).append(c)
+                todo = []
+                for convs in by_task.values():
+                    fit = []
+                    for c in convs:
+                        msg = self._too_long(c)
+                        if msg is None:
+                            fit.append(c)
+                            continue
+                        print(f"error: {msg}", file=sys.stderr)  # reported by record; the others go on
+                        self.skipped.append(msg)
+                        bar.update(1 + len(c["rec"]["next_turns"]) - (c["turn"] - 1))
+                    for i in range(0, len(fit), args.batch_size):
+                        batch = fit[i:i + args.batch_size]
+                        answers = {}
+                        prompts = {name: [self.encode(c["msgs"][name]) for c in batch] for name in self.methods}
+                        got = self._rounds(prompts, args.max_new_tokens, args.repeats)
+                        ar_out = [m.outputs[j]["output_ids"] for m, j in got["ar"]]
+                        for name in self.methods:
+                            for c, p, (m, j), ref in zip(batch, prompts[name], got[name], ar_out):
+                                results.append(self._record(c, name, p, m, j, ref))
+                                answers[(id(c), name)] = results[-1]["text"]
+                        for c in batch:  # the next turn sees the method's own answer
+                            nxt = c["rec"]["next_turns"]
+                            if c["turn"] <= len(nxt):
+                                todo.append({"rec": c["rec"], "turn": c["turn"] + 1, "msgs": {
+                                    name: msgs + [{"role": "assistant", "content": answers[(id(c), name)]},
+                                                  {"role": "user", "content": nxt[c["turn"] - 1]}]
+                                    for name, msgs in c["msgs"].items()}})
+                        bar.update(len(batch))
+                        if on_batch is not None:
+                            on_batch(results)
+        finally:
+            bar.close()
         return results
 
     def _record(self, conv: dict, method: str, prompt: list[int], m: Measured, j: int,

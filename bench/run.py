@@ -247,11 +247,7 @@ def main(argv=None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"
         print("NOTE: --kernel triton without a GPU runs the Triton kernels in Triton's interpreter: correct but "
               f"slow; the workload is capped ({args.max_new_tokens} new tokens, {args.limit} prompt(s) per task).")
-    from bench.loop import Bench
     from bench.measure import PeakMemory, env_cpu_name
-    from bench.report import accept_chart, chart, markdown
-    from bench.specbench import write_answers
-    from decoding import inputs
 
     records = load_records(args)  # a malformed prompt file fails here, before any model is loaded
     if not records:
@@ -264,7 +260,56 @@ def main(argv=None) -> int:
         print(f"{k}: {v}", flush=True)
 
     args.out.mkdir(parents=True, exist_ok=True)  # checked at parse time; made before anything is measured
+    total = sum(1 + len(r["next_turns"]) for r in records)
+    done = {"records": [], "skipped": []}  # the finished batches' records, as the run goes
+    try:
+        return _run(args, records, head, memory, device_name, total, done)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (decoding/interrupt.py): keep what finished
+        return _interrupted(e, args, head, total, done)
+
+
+def _interrupted(e: KeyboardInterrupt, args, head: dict, total: int, done: dict) -> int:
+    """results.json and results.md of the finished batches (none, if it came before the first),
+    the header marked ``interrupted`` with the signal's name; the shell's exit status for it."""
+    from bench.report import markdown
+    from decoding import interrupt
+
+    name, code = interrupt.name_and_code(e)
+    kept = done["records"]
+    with interrupt.held():  # a second Ctrl-C does not cut these writes short
+        h = dict(head, skipped=done["skipped"]) if done["skipped"] else dict(head)
+        h["interrupted"] = name
+        h["incomplete"] = f"interrupted by {name} after {_turns(kept)} of {total} prompt turns"
+        methods = list(dict.fromkeys(r["method"] for r in kept))
+        tasks = list(dict.fromkeys(r["task"] for r in kept))
+        _write(args.out / "results.json", json.dumps({"header": h, "records": kept}, indent=1))
+        _write(args.out / "results.md", markdown(kept, h, methods, tasks))
+    print(f"interrupted ({name}): the {len(kept)} records of the {_turns(kept)} of {total} prompt turns finished "
+          f"are in {args.out / 'results.json'} and {args.out / 'results.md'}", file=sys.stderr)
+    return code
+
+
+def _write(path: Path, text: str) -> None:
+    """``path`` holds ``text`` whole or keeps what it held: a signal or a crash mid-write must
+    not leave half a results.json (written to a temporary file beside it, then renamed)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _run(args, records: list[dict], head: dict, memory, device_name: str, total: int, done: dict) -> int:
+    """main's measuring and writing, after the header is printed: ``done`` holds the records of
+    every finished batch (and the skipped prompts) as they come, for an interrupt to keep."""
+    from bench.loop import Bench
+    from bench.report import accept_chart, chart, markdown
+    from bench.specbench import write_answers
+    from decoding import inputs
+
     bench = Bench(args, memory)
+    done["skipped"] = bench.skipped  # the same list: it grows as the run skips prompts
     head["model"] = bench.model_line
     head["weights"] = bench.model.weights
     head["model loads"] = bench.loads_line()  # wall time and memory peak of each load
@@ -288,8 +333,7 @@ def main(argv=None) -> int:
                                    "long_context": cost.long_context, "long_tokens": cost.long_tokens,
                                    "long_ms": cost.long_ms, "origin": cost.origin}
         print(f"step cost: {head['step cost']}", flush=True)
-    total = sum(1 + len(r["next_turns"]) for r in records)
-    kept: list[dict] = []
+    kept = done["records"]
 
     def save(results: list[dict], incomplete: Optional[str] = None) -> None:
         """results.json as it stands: written after every batch, so that a failure (or Ctrl-C)
@@ -297,7 +341,7 @@ def main(argv=None) -> int:
         h = dict(head, skipped=bench.skipped) if bench.skipped else dict(head)
         if incomplete:
             h["incomplete"] = incomplete
-        (args.out / "results.json").write_text(json.dumps({"header": h, "records": results}, indent=1))
+        _write(args.out / "results.json", json.dumps({"header": h, "records": results}, indent=1))
 
     def on_batch(results: list[dict]) -> None:
         kept[:] = results
@@ -305,6 +349,8 @@ def main(argv=None) -> int:
 
     try:
         results = bench.run(records, on_batch=on_batch)
+    except KeyboardInterrupt:  # main keeps what finished and marks it interrupted
+        raise
     except BaseException as e:
         from models.kv_cache import KVCacheFull
 
@@ -316,6 +362,7 @@ def main(argv=None) -> int:
         if isinstance(e, KVCacheFull):
             raise ValueError(why) from None
         raise
+    kept[:] = results  # every batch finished: an interrupt from here on keeps them all
     shared = getattr(bench.model, "shared_runner", None)
     if shared is not None and shared.graphs is not None:  # what the graphs did (the decoding runs' runner)
         st, warm = shared.graphs.stats, bench.graph_warm_up or {}
@@ -328,11 +375,13 @@ def main(argv=None) -> int:
     if args.compare_vllm:  # after ours: the vLLM children then have the machine to themselves
         from bench.vllm_compare import VLLM_METHODS, compare
         results = results + compare(bench, records, results, head)
+        kept[:] = results
         bench.methods = bench.methods + [m for m in VLLM_METHODS if any(r["method"] == m for r in results)]
     if args.compare_llamacpp:  # after ours, like vLLM: the server has the machine to itself
         from bench.llamacpp_compare import compare as compare_llamacpp
         got = compare_llamacpp(bench, records, results, head)
         results = results + got
+        kept[:] = results
         bench.methods = bench.methods + list(dict.fromkeys(r["method"] for r in got))
     if bench.emulation is not None:
         head["emulated step cost"] += "; " + bench.emulation.stats()
@@ -340,9 +389,9 @@ def main(argv=None) -> int:
         head["skipped"] = bench.skipped
     methods = bench.methods
     tasks = list(dict.fromkeys(r["task"] for r in results))
-    (args.out / "results.json").write_text(json.dumps({"header": head, "records": results}, indent=1))
+    _write(args.out / "results.json", json.dumps({"header": head, "records": results}, indent=1))
     md = markdown(results, head, [m for m in methods if any(r["method"] == m for r in results)], tasks)
-    (args.out / "results.md").write_text(md)
+    _write(args.out / "results.md", md)
     title = f"{args.model} | {device_name} | {args.dtype} | {args.kernel}"
     written = [args.out / "results.json", args.out / "results.md",
                chart(results, methods, tasks, args.out / "chart.png", title, head.get("step_cost_curve")),
@@ -358,9 +407,20 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    from decoding import interrupt
+
     try:
-        sys.exit(main())
+        with interrupt.raising():  # SIGINT and SIGTERM: main keeps what finished (decoding/interrupt.py)
+            sys.exit(main())
     except ValueError as e:  # bad input (prompt file, model path, configuration): say what, no traceback
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt as e:  # before the header was printed: nothing ran, nothing was written
+        name, code = interrupt.name_and_code(e)
+        print(f"interrupted ({name}) before the run began: nothing written", file=sys.stderr)
+        sys.exit(code)
+
+
+if __name__ == "__main__":
+    entry()

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from decoding import inputs
+from decoding import inputs, interrupt
 from decoding.methods import METHODS
 from decoding.options import (DTYPES, add_decoding_flags, add_model_flags, build_proposer, check, planner_for,
                               sampling_of)
@@ -98,9 +98,12 @@ def main(argv=None, out=sys.stdout, err=sys.stderr) -> int:
                 use_cuda_graphs(m)
     proposer = build_proposer(args.method, args, draft)
 
+    streamed = []
+
     def stream(_, piece):
         out.write(piece)
         out.flush()
+        streamed.append(len(piece))
 
     from models.kv_cache import KVCacheFull
     from models.loader import DEFAULT_CACHE_DIR
@@ -112,19 +115,40 @@ def main(argv=None, out=sys.stdout, err=sys.stderr) -> int:
                          stop=args.stop, stream=stream, plan=planner is not None, planner=planner)[0]
     except KVCacheFull as e:  # in the user's terms: the flags that size a step
         raise ValueError(inputs.cache_full(e)) from None
-    secs = time.perf_counter() - t0
+    except KeyboardInterrupt as e:  # Ctrl-C: the text streamed stays; the stats of what was generated
+        name, code = interrupt.name_and_code(e)
+        with interrupt.held():
+            if streamed:
+                out.write("\n")
+            part = getattr(e, "partial", None)
+            if part and part[0].output_ids:
+                _stats(err, args.method, part[0].output_ids, part[0].stats, time.perf_counter() - t0,
+                       f"interrupted ({name})")
+            else:
+                err.write(f"[{args.method}] interrupted ({name}) before the first token\n")
+        return code
     out.write("\n")
-    st, n = r.stats, len(r.token_ids)
-    hist = ", ".join(f"{k}: {v}" for k, v in sorted(st.accepted_hist.items()))
-    err.write(f"[{args.method}] {n} tokens in {secs:.2f} s ({n / secs:.1f} tokens/s, prefill included); "
-              f"tau {(n - 1) / max(st.forwards, 1):.2f} tokens per forward; finish: {r.finish_reason}\n"
-              f"tokens gained per step -> steps: {hist or '-'}\n")
+    _stats(err, args.method, r.token_ids, r.stats, time.perf_counter() - t0, r.finish_reason)
     return 0
+
+
+def _stats(err, method: str, ids: list[int], st, secs: float, finish: str) -> None:
+    """The lines after an answer: rate, tau, why it ended, tokens gained per step."""
+    n = len(ids)
+    hist = ", ".join(f"{k}: {v}" for k, v in sorted(st.accepted_hist.items()))
+    err.write(f"[{method}] {n} tokens in {secs:.2f} s ({n / secs:.1f} tokens/s, prefill included); "
+              f"tau {(n - 1) / max(st.forwards, 1):.2f} tokens per forward; finish: {finish}\n"
+              f"tokens gained per step -> steps: {hist or '-'}\n")
 
 
 def entry() -> None:
     try:
-        sys.exit(main())
+        with interrupt.raising():  # SIGTERM too: the same exit as Ctrl-C (decoding/interrupt.py)
+            sys.exit(main())
     except ValueError as e:  # bad input found after parsing (model path, GGUF file, ...)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt as e:  # before generation began (loading the model, measuring the step cost)
+        name, code = interrupt.name_and_code(e)
+        print(f"interrupted ({name}) before generating: nothing was streamed", file=sys.stderr)
+        sys.exit(code)

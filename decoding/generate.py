@@ -98,6 +98,8 @@ def generate(
     whenever sequence ``index`` gains tokens (streaming); returning True stops that sequence
     (finish reason "stop", e.g. a stop string was reached). ``step_clock`` (a
     ``decoding.stats.StepClock``) sums where the decoding steps' time goes, phase by phase.
+    A KeyboardInterrupt on the way goes on up with ``partial``: a result per prompt of what
+    it had (finish reason "interrupted" where it had not finished).
     """
     proposer, sampling, prefill_chunk = _checked(model, proposer, sampling, step_clock, prefill_chunk)
     eos = set(model.cfg.eos_token_ids if eos_token_ids is None else eos_token_ids)
@@ -131,6 +133,12 @@ def generate(
             if step_clock is not None:
                 step_clock.mark("update")
         bar.close()
+    except KeyboardInterrupt as e:
+        # each sequence as Ctrl-C (or SIGTERM: decoding/interrupt.py) found it, its tokens and
+        # statistics so far, for the entry point to report (python -m decoding's stats line)
+        e.partial = [GenerationResult(s.output, s.finish or "interrupted", s.state.prompt_len, s.stats)
+                     for s in seqs]
+        raise
     finally:
         batch.release()  # an error mid-way must not leak cache blocks of a shared runner
     return batch.results
