@@ -134,14 +134,17 @@ def generate(
                 step_clock.mark("update")
         bar.close()
     except KeyboardInterrupt as e:
-        # each sequence as Ctrl-C (or SIGTERM: decoding/interrupt.py) found it, its tokens and
-        # statistics so far, for the entry point to report (python -m decoding's stats line)
-        e.partial = [GenerationResult(s.output, s.finish or "interrupted", s.state.prompt_len, s.stats)
-                     for s in seqs]
+        e.partial = _partial(seqs)  # for the entry point to report (python -m decoding's stats line)
         raise
     finally:
         batch.release()  # an error mid-way must not leak cache blocks of a shared runner
     return batch.results
+
+
+def _partial(seqs: list[Sequence]) -> list[GenerationResult]:
+    """Each sequence as Ctrl-C (or SIGTERM: decoding/interrupt.py) found it: its tokens and
+    statistics so far, finish reason "interrupted" where it had not finished."""
+    return [GenerationResult(s.output, s.finish or "interrupted", s.state.prompt_len, s.stats) for s in seqs]
 
 
 def _checked(model: Transformer, proposer, sampling, step_clock, prefill_chunk) -> tuple:
