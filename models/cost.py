@@ -40,7 +40,7 @@ from typing import Callable, Optional
 import torch
 
 from kernels import skinny
-from models.machine import device_name
+from models.machine import device_name, write_whole
 
 GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 LONG_GRID = (1, 4, 16, 64)
@@ -248,8 +248,7 @@ def step_cost(model, cache_dir: Path | str, context: int = 256, reps: int = 3, m
         origin = "cache (not checked)"
     if cost is None:
         cost = (measure or measure_step_cost)(model, context, reps)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"key": key, "cost": asdict(cost)}, indent=1))
+        write_whole(path, json.dumps({"key": key, "cost": asdict(cost)}, indent=1))
     cost.origin = origin
     return cost
 
@@ -355,9 +354,7 @@ def _read(path: Path, key: dict) -> Optional[StepCost]:
 def save_step_cost(cost: StepCost, path: Path | str) -> None:
     """Write ``cost`` to ``path`` (JSON, the cache's ``cost`` part) so that a later run can plan
     with exactly this curve (``load_step_cost``), on this machine or another."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"cost": asdict(cost), "origin": cost.origin}, indent=1))
+    write_whole(path, json.dumps({"cost": asdict(cost), "origin": cost.origin}, indent=1))
 
 
 def load_step_cost(path: Path | str) -> StepCost:

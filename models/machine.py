@@ -4,6 +4,7 @@ that key caches by device (models/cost.py, models/tune.py) and the ones that fin
 
 import os
 import platform
+import tempfile
 from pathlib import Path
 
 import torch
@@ -25,3 +26,19 @@ def device_name(device: torch.device) -> str:
     except OSError:
         pass
     return f"cpu {cpu} x{os.cpu_count()}"
+
+
+def write_whole(path: Path | str, text: str) -> None:
+    """``path`` holds ``text`` whole or what it held before: written to a temporary file of this
+    process's own beside it, then renamed, so that another process reading the cache (or
+    writing it too: two runs tuning at once) never reads half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -30,7 +30,7 @@ from typing import Callable, Optional
 import torch
 
 from models.linear import BUCKETS, STEP_ROWS, ProductPlan, pack, product
-from models.machine import device_name  # noqa: F401 -- also where callers found it
+from models.machine import device_name, write_whole  # noqa: F401 -- also where callers found it
 
 VERSION = 6  # of the measurement, raised whenever it changes: caches of another version are measured again
 AUTO_LIMIT = 2 << 30  # bytes of weights up to which "auto" keeps packed copies
@@ -116,8 +116,7 @@ def tune_model(model, cache_dir: Path | str, extra_weight_memory: str = "auto", 
         if skinny_ok and stack_timer is not None:
             _install(prods, tables)
             _prefer_whole_stack(model, prods, tables, stack_timer)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"key": key, "tables": tables}, indent=1))
+        write_whole(path, json.dumps({"key": key, "tables": tables}, indent=1))
     elif skinny_ok and stack_timer is not None:
         # A cached table that keeps some layer product of a decoding step off the one-call stack
         # is timed against all-skinny again (only those buckets; a forward or two each): a table
@@ -127,7 +126,7 @@ def tune_model(model, cache_dir: Path | str, extra_weight_memory: str = "auto", 
         before = json.dumps(tables, sort_keys=True)
         _prefer_whole_stack(model, prods, tables, stack_timer)
         if json.dumps(tables, sort_keys=True) != before:
-            path.write_text(json.dumps({"key": key, "tables": tables}, indent=1))
+            write_whole(path, json.dumps({"key": key, "tables": tables}, indent=1))
     _install(prods, tables)
     return tables
 
