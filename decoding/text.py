@@ -38,7 +38,9 @@ SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed")
 class TextResult:
     text: str  # the answer, EOS and anything from a stop string on removed
     token_ids: list[int]  # every generated token (EOS included when it ended the sequence)
-    finish_reason: str  # "eos" | "length" | "stop"
+    finish_reason: str  # "eos" | "length" | "stop" (a stop string appeared: also where the step that brought it
+    # reached max_new_tokens or the EOS, as a draft method's many-token step can; one token at a time it would
+    # have stopped there first)
     prompt_tokens: int
     stats: SeqStats
 
@@ -140,7 +142,8 @@ class TextGenerator:
             text = text[:cut[i]] if i in cut else text
             if stream is not None and len(text) > streamed[i]:  # what was held back, at the end
                 stream(i, text[streamed[i]:])
-            out.append(TextResult(text, r.output_ids, r.finish_reason, r.prompt_tokens, r.stats))
+            finish = "stop" if i in cut else r.finish_reason
+            out.append(TextResult(text, r.output_ids, finish, r.prompt_tokens, r.stats))
         return out
 
     def _proposer(self, method, draft_model) -> Proposer:

@@ -172,3 +172,22 @@ def test_one_generator_serves_five_hundred_requests_without_growing(served):
     before, after = out["rss"][100], out["rss"][500]
     assert after <= before * 1.05, f"resident memory grew from {before / 2**20:.1f} MiB after 100 requests to " \
                                    f"{after / 2**20:.1f} MiB after 500"
+
+
+def test_a_stop_string_in_the_step_that_reaches_the_length_ends_with_stop(served):
+    """A draft step can bring the stop string and the last allowed token at once (here: the
+    suffix store holds the whole answer, one step accepts it): the answer ends with "stop" and
+    the text before it, as plain decoding's does (it was "length", with the text cut)."""
+    runner, tok = served
+    gen = TextGenerator(runner.model, tok)
+    prompt, n = "the cat sat on a mat", 12
+    full = gen.generate(prompt, "ar", max_new_tokens=n, plan=False)[0].text
+    words = full.split()
+    stop = words[len(words) // 2]
+    plain = gen.generate(prompt, "ar", max_new_tokens=n, stop=stop, plan=False)[0]
+    sc = SuffixConfig()
+    suffix = make_proposer("suffix", store=SuffixStore(sc.depth, sc.store_nodes))
+    gen.generate(prompt, suffix, max_new_tokens=n, plan=False)  # the answer goes into the store
+    r = gen.generate(prompt, suffix, max_new_tokens=n, stop=stop, plan=False, runner=runner)[0]
+    assert len(r.token_ids) == n  # the step that brought the stop string reached the length too
+    assert (r.finish_reason, r.text) == (plain.finish_reason, plain.text) == ("stop", full[:full.find(stop)])
