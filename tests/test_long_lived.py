@@ -20,6 +20,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from decoding import SamplingParams, TextGenerator
 from decoding.methods import make_proposer
@@ -39,7 +40,14 @@ def served():
     tok = load_tokenizer()
     hf = tiny_hf_model("llama", seed=1, vocab_size=len(tok), max_position_embeddings=512)
     runner = ours_from_hf(hf, cache_tokens=2048, block_size=4)
-    return runner, tok
+    # one thread: a tiny model gains nothing from two, and threads that wait spinning for a core
+    # another process holds made the same requests take ten times as long on a shared machine
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield runner, tok
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _requests(n: int, seed: int, longest: int) -> list[dict]:
