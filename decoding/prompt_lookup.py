@@ -113,8 +113,11 @@ def lookup_states(backend, states: list[SeqState], cfg: PromptLookupConfig, devi
 class HostHistories:
     """Each sequence's tokens mirrored in C (``compiled_draft.CHistory``) for the compiled
     search, appended to with what the list gained since the last step (weak keys, as
-    ``DeviceHistories``). The C search of a whole history costs about as much as the kernel's
-    launch alone, so the compiled path searches on the host on every device."""
+    ``DeviceHistories``). The C search of a whole history took 2-5 us for 200-3,000 tokens on
+    the 2-core Zen 4 (bench/results/2026-11-27-cpu-host-drafting/NOTES.md, "The twins alone"), against the
+    device kernel's 0.17 ms round trip per step on an H200
+    (bench/results/2026-11-26-h200-phases, "propose"), so the compiled path searches on the
+    host on every device."""
 
     def __init__(self):
         self._of: "weakref.WeakKeyDictionary[SeqState, tuple]" = weakref.WeakKeyDictionary()

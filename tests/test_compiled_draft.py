@@ -176,3 +176,46 @@ def test_lookup_states_searches_the_c_histories_as_the_host_search():
             for s in states:
                 s.tokens += [rng.randrange(6) for _ in range(rng.randrange(0, 4))]
             assert lookup_states(backend, states, cfg, host=host) == lookup_states(backend, states, cfg)
+
+
+def test_a_built_tree_grown_in_python_drops_its_c_arrays():
+    """BuiltTree: its children made node by node equal the dicts a StepTree holds; grown through
+    its methods it becomes a plain tree (children dicts, no ``flat``), so the planner's C reads
+    its lists, not the arrays it was built with."""
+    from decoding.compiled import PlannerCore
+    from decoding.tree import PLD, POOL, WINDOW
+
+    buf, ref_w = compiled_draft.TreeBuf(4), StepTree.root(9)
+    buf.start(9, 64)  # grows the buffers
+    for chain, src in (([1, 2, 3], PLD), ([1, 4], POOL), ([5], PLD)):
+        buf.add_chain(chain, src, 100)
+        ref_w.add_chain(chain, src)
+    buf.add_window([[9, 7], [0, 8]], WINDOW)  # the trunk (7, column 1), then each column's level below
+    top = ref_w.add_private_chain(0, [7], WINDOW, group=1)
+    ref_w.add_private_chain(0, [0], WINDOW, group=0)
+    ref_w.add_private_chain(top[-1], [8], WINDOW, group=1)
+    tree = buf.step_tree()
+    assert tree == ref_w and tree.flat is not None
+    assert tree.children[-1] == {} and tree.children[1] == {2: 2, 4: 4} and tree.children[0:2] == ref_w.children[0:2]
+    with pytest.raises(IndexError):
+        tree.children[len(tree)]
+    flat = PlannerCore.flatten(None, [tree])
+    assert [a.tolist() for a in flat[2:]] == [a.tolist() for a in PlannerCore.flatten(None, [ref_w])[2:]]
+    tree.add_chain([1, 6], POOL)  # a merge into node 1 and a new node
+    ref_w.add_chain([1, 6], POOL)
+    assert tree.flat is None and isinstance(tree.children, list) and tree == ref_w
+    assert [a.tolist() for a in PlannerCore.flatten(None, [tree])[2:]] == \
+        [a.tolist() for a in PlannerCore.flatten(None, [ref_w])[2:]]
+
+
+def test_host_histories_mirror_again_a_list_that_is_not_the_one_they_saw():
+    from decoding.prompt_lookup import HostHistories
+    from decoding.proposer import SeqState
+
+    host, s = HostHistories(), SeqState(0, [1, 2, 3, 1, 2], 1)
+    assert len(host.of(s)) == 5
+    s.tokens.append(3)
+    assert len(host.of(s)) == 6  # grown: the new token appended
+    s.tokens[:] = [4, 5, 4]  # another list under the same state: searched afresh
+    hist = host.of(s)
+    assert len(hist) == 3 and hist.search(min_n=1, max_n=2, k=2) == [[5, 4]]
