@@ -38,6 +38,7 @@ a GPU (tests/test_graphs.py).
 
 import time
 import warnings
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional
@@ -45,6 +46,7 @@ from typing import Optional
 import torch
 
 from kernels.backend import StepMeta
+from models import packing
 
 
 def _pow2(n: int) -> int:
@@ -65,23 +67,55 @@ class StepShape:
 
 
 class _Graph:
-    """One shape's static inputs, and its graph and static output once captured."""
+    """One shape's static inputs, and its graph and static output once captured.
+
+    The static inputs are views of one device buffer (``dev``) laid out as ``host``, the host
+    buffer a step is packed into (pinned on a GPU): a step's inputs go in one copy
+    (``StepGraphs.stage``) instead of a copy or fill per piece."""
 
     def __init__(self, shape: StepShape, device: torch.device):
-        s, dev = shape, device
+        s, dev = shape, torch.device(device)
         self.shape = shape
-        self.tokens = torch.zeros(s.rows, dtype=torch.int64, device=dev)
+        # byte offsets, each piece 16-byte aligned (as a tensor of its own: Triton specialises on
+        # alignment): int64 tokens | slots | logits rows, int32 cu | positions | lengths | table |
+        # mask, then the causal flags
+        sizes = [(s.rows, 8), (s.rows, 8), (s.logits, 8), (s.batch + 1, 4), (s.rows, 4), (s.batch, 4),
+                 (s.batch * s.width, 4), (s.rows * s.words, 4)]
+        offs, n = [], 0
+        for size, item in sizes:
+            offs.append(n)
+            n += -(-size * item // 16) * 16
+        self.base32 = offs[3]  # where pack_step's int32 pieces start (its offsets are elements from there)
+        self.at64 = array("q", [o // 8 for o in offs[:3]])
+        self.at32 = array("q", [(o - self.base32) // 4 for o in offs[3:]])
+        self.causal_at = n
+        self.nbytes = n + s.batch
+        self.dev = torch.zeros(self.nbytes, dtype=torch.uint8, device=dev)
+        self.host = self.dev if dev.type == "cpu" else torch.zeros(self.nbytes, dtype=torch.uint8, pin_memory=True)
+        self.copied: Optional["torch.cuda.Event"] = None  # the host buffer's last copy to the device
+
+        def piece(at: int, size: int, dtype, item: int) -> torch.Tensor:
+            return self.dev[at:at + item * size].view(dtype)
+
+        self.tokens = piece(offs[0], s.rows, torch.int64, 8)
         self.meta = StepMeta(
-            cu_seqlens_q=torch.zeros(s.batch + 1, dtype=torch.int32, device=dev),
-            positions=torch.zeros(s.rows, dtype=torch.int32, device=dev),
-            block_tables=torch.full((s.batch, s.width), -1, dtype=torch.int32, device=dev),
-            context_lens=torch.zeros(s.batch, dtype=torch.int32, device=dev),
-            slot_mapping=torch.full((s.rows,), -1, dtype=torch.int64, device=dev),
+            cu_seqlens_q=piece(offs[3], s.batch + 1, torch.int32, 4),
+            positions=piece(offs[4], s.rows, torch.int32, 4),
+            block_tables=piece(offs[6], s.batch * s.width, torch.int32, 4).view(s.batch, s.width),
+            context_lens=piece(offs[5], s.batch, torch.int32, 4),
+            slot_mapping=piece(offs[1], s.rows, torch.int64, 8),
             max_seqlen_q=s.max_q,
-            mask=torch.zeros(s.rows, s.words, dtype=torch.int32, device=dev) if s.words else None,
-            causal=torch.ones(s.batch, dtype=torch.bool, device=dev) if s.causal else None,
+            mask=piece(offs[7], s.rows * s.words, torch.int32, 4).view(s.rows, s.words) if s.words else None,
+            causal=self.dev[n:n + s.batch].view(torch.bool) if s.causal else None,
         )
-        self.idx = torch.zeros(s.logits, dtype=torch.int64, device=dev)
+        self.idx = piece(offs[2], s.logits, torch.int64, 8)
+        # an empty step (what warm_up captures): no sequence owns a row
+        self.meta.block_tables.fill_(-1)
+        self.meta.slot_mapping.fill_(-1)
+        if self.meta.causal is not None:
+            self.meta.causal.fill_(True)
+        if self.host is not self.dev:
+            self.host.copy_(self.dev)
         self.graph: Optional["torch.cuda.CUDAGraph"] = None
         self.out: Optional[torch.Tensor] = None
 
@@ -167,12 +201,55 @@ class StepGraphs:
         if shape is None:
             self.stats["eager"] += 1
             return None
+        g = self._graph(shape)
+        self._fill(g, tokens, meta, idx)
+        return self.replay(g, tokens.numel() if idx is None else idx.numel())
+
+    def stage(self, inputs: list, vocab: int, max_context: int) -> Optional[tuple[_Graph, int]]:
+        """``inputs`` (checked by the runner: known sequences, none twice) packed on the host
+        straight into the static inputs of their shape's graph, padded, and sent in one copy;
+        their cache room reserved. The reference is ``ModelRunner.prepare`` and then ``run``'s
+        ``_fill``: a step packed, then copied piece by piece into the graph (about 20 device
+        copies and fills). Returns the graph and the step's logits rows for ``replay``; None,
+        with nothing reserved, where ``run`` must take the step: too large for a graph, an
+        explicit mask, the compiled packing off, or inputs its checks refuse."""
+        B = len(inputs)
+        if not 1 <= B <= self.max_batch or not packing.enabled():
+            return None
+        T = sum(len(inp.tokens) for inp in inputs)
+        if not 1 <= T <= self.max_tokens or any(inp.mask is not None for inp in inputs):
+            return None
+        tree = any(inp.parents is not None for inp in inputs)
+        rows = _pow2(T)
+        shape = self._shape(rows, _pow2(B), min(rows, _pow2(max(len(inp.tokens) for inp in inputs))), tree, tree)
+        g = self._graph(shape)
+        if g.copied is not None:  # the last copy out of the host buffer must be done before it is written
+            g.copied.synchronize()
+        at = g.host.data_ptr()
+        got = packing.pack_padded(self.cache, inputs, vocab, max_context,
+                                  (rows, shape.batch, shape.width, shape.words, shape.logits), g.at32, g.at64,
+                                  at + g.base32, at, at + g.causal_at if shape.causal else None)
+        if got is None:
+            return None
+        if g.host is not g.dev:
+            g.dev.copy_(g.host, non_blocking=True)
+            if g.copied is None:
+                g.copied = torch.cuda.Event()
+            g.copied.record()
+        return g, got[1]
+
+    def _graph(self, shape: StepShape) -> _Graph:
         g = self.graphs.get(shape)
         if g is None:
-            g = _Graph(shape, self.device)
-        else:
-            self.graphs.move_to_end(shape)
-        self._fill(g, tokens, meta, idx)
+            return _Graph(shape, self.device)
+        self.graphs.move_to_end(shape)
+        return g
+
+    def replay(self, g: _Graph, R: int, eager_fallback: bool = False) -> Optional[torch.Tensor]:
+        """The logits of the step in ``g``'s static inputs (its first ``R`` rows): captured on
+        first use, replayed after. None where the capture fails, unless ``eager_fallback``
+        (the step lives only in ``g``'s inputs: ``stage``): its padded step then runs eagerly."""
+        shape = g.shape
         if not self.capture:  # the same padded step, eagerly (tests without a GPU)
             out = self._forward(g)
             self.graphs[shape] = g
@@ -180,7 +257,7 @@ class StepGraphs:
         elif g.graph is None:
             if not self._try_capture(g):
                 self.stats["eager"] += 1
-                return None
+                return self._forward(g)[:R] if eager_fallback else None
             self.graphs[shape] = g
             self._evict()
             out = g.out
@@ -188,7 +265,6 @@ class StepGraphs:
             g.graph.replay()
             self.stats["replays"] += 1
             out = g.out
-        R = tokens.numel() if idx is None else idx.numel()
         return out[:R].clone()  # the static output is rewritten by the next replay
 
     def _try_capture(self, g: _Graph) -> bool:

@@ -12,6 +12,7 @@ cannot build, the reference runs and one warning says why. The switch is the hos
 """
 
 import ctypes
+import threading
 from array import array
 from pathlib import Path
 from typing import Optional
@@ -28,7 +29,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.pack_check.argtypes = [i] + [p] * 12 + [ctypes.c_int64] * 2
     lib.pack_check.restype = i
-    lib.pack_step.argtypes = [i] + [p] * 15 + [i] * 4 + [p] * 4
+    lib.pack_step.argtypes = [i] + [p] * 15 + [i] * 7 + [p] * 5
     lib.pack_step.restype = None
     lib.pack_kv_move.argtypes = [p, p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, p, p, i]
     lib.pack_kv_move.restype = None
@@ -56,22 +57,89 @@ def _aligned(sizes: list[int], align: int) -> tuple[list[int], int]:
     return starts, n
 
 
-# layouts whose host buffers and tensor views a runner keeps for its next steps (``pack``'s reuse)
-MAX_REUSED = 64
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
 
 
-def pack(cache, inputs: list, vocab: int, max_context: int, device, reuse: Optional[dict] = None
-         ) -> Optional[tuple[torch.Tensor, StepMeta, Optional[torch.Tensor]]]:
-    """``ModelRunner.prepare``'s result for ``inputs`` (each sequence in ``cache``, none twice:
-    the caller checked), the cache room reserved. ``reuse`` (a dict the caller keeps; host
-    devices only): the buffers and tensors of an earlier step of the same layout are written
-    again and returned, so a step costs no tensor views (most of a small step's packing); the
-    caller must be done with that earlier step's tensors. None, with nothing reserved, for a step the
-    reference must take (an explicit mask, or an input the checks refuse)."""
-    lib = LIBRARY.lib
-    B = len(inputs)
-    if B == 0:
-        return None
+# step layouts whose tensors a ``Staging`` keeps (batches shrink as sequences finish, trees vary
+# in size: a few dozen layouts per generate call)
+MAX_REUSED = 256
+
+
+class Staging:
+    """The host buffers steps are packed into (``pack``'s ``staging``, host devices): one int32
+    and one int64 array laid out for the largest step met so far, each piece's room rounded up
+    to a power of two. Every step writes the same memory, a piece's tensor view is made once per
+    size, and a step's whole (tokens, meta, logits rows) once per layout. A tree's step varies in
+    size from step to step: made anew, its views were most of the packing (about 15 of a tree
+    step's 36 us, against 16 us when they are kept). One serves every runner of a thread
+    (``thread_staging``): a generate call's runner lives for a few dozen steps, too few to meet
+    its layouts again. The caller must be done with a step's tensors before the thread packs
+    its next step."""
+
+    def __init__(self):
+        self.caps = (0, 0, 0, 0, 0)  # batch, rows, table entries, mask words, logits rows
+        self.steps: dict = {}  # layout -> (tokens, meta, logits rows)
+        self._views: dict = {}  # (piece, size) -> tensor
+
+    def fit(self, B: int, n: int, table: int, mask: int, R: int) -> None:
+        """Room for a step of these sizes (its buffers and views made anew if it is larger)."""
+        caps = self.caps
+        if B <= caps[0] and n <= caps[1] and table <= caps[2] and mask <= caps[3] and R <= caps[4]:
+            return
+        caps = self.caps = tuple(max(c, _pow2(x)) for c, x in zip(caps, (B, n, table, mask, R)))
+        s32, n32 = _aligned([caps[0] + 1, caps[1], caps[0], caps[2], caps[3]], 4)
+        s64, n64 = _aligned([caps[1], caps[1], caps[4]], 2)
+        # a resized array would move under its views: new ones replace them (earlier steps' tensors
+        # keep the old ones alive)
+        self.i32, self.i64 = array("i", bytes(4 * n32)), array("q", bytes(8 * n64))
+        self.at32, self.at64 = array("q", s32), array("q", s64)
+        self.v32 = torch.frombuffer(self.i32, dtype=torch.int32)
+        self.v64 = torch.frombuffer(self.i64, dtype=torch.int64)
+        self.steps.clear()
+        self._views.clear()
+
+    def _view(self, piece: int, wide: bool, size: int, shape: Optional[tuple] = None) -> torch.Tensor:
+        key = (piece, wide, size, shape)
+        v = self._views.get(key)
+        if v is None:
+            start = (self.at64 if wide else self.at32)[piece]
+            v = (self.v64 if wide else self.v32)[start:start + size]
+            self._views[key] = v = v if shape is None else v.view(shape)
+        return v
+
+    def step(self, B: int, n: int, width: int, n_words: int, R: int, trees: list[bool], device) -> tuple:
+        """The (tokens, meta, logits rows or None) views of a step of this layout (``R`` < 0:
+        every row), after ``fit``."""
+        v = self._view
+        causal = None
+        if n_words:
+            key = ("causal", tuple(trees))
+            causal = self._views.get(key)
+            if causal is None:
+                causal = self._views[key] = torch.tensor([not t for t in trees], dtype=torch.bool, device=device)
+        meta = StepMeta(cu_seqlens_q=v(0, False, B + 1), positions=v(1, False, n), context_lens=v(2, False, B),
+                        block_tables=v(3, False, B * width, (B, width)), slot_mapping=v(1, True, n), max_seqlen_q=0,
+                        mask=v(4, False, n * n_words, (n, n_words)) if n_words else None, causal=causal)
+        return v(0, True, n), meta, v(2, True, R) if R >= 0 else None
+
+
+_local = threading.local()
+
+
+def thread_staging() -> Staging:
+    """This thread's ``Staging``: runners' steps in one thread run one after another, steps in
+    two threads may overlap."""
+    staging = getattr(_local, "staging", None)
+    if staging is None:
+        staging = _local.staging = Staging()
+    return staging
+
+
+def _gather(cache, inputs: list) -> Optional[tuple]:
+    """``inputs`` as the flat arrays ``pack_check`` / ``pack_step`` read: (their pointers, T,
+    total rows, logits rows per input); None for a step the reference must take (an explicit
+    mask, not integers, lists of the wrong length)."""
     T, off, ctx = array("i"), array("i"), array("q")
     tokens, depths, parents, has_d, has_p = array("q"), array("i"), array("i"), array("B"), array("B")
     n_rows, rows_off, rows, all_rows = array("i"), array("i"), array("i"), array("B")
@@ -114,7 +182,17 @@ def pack(cache, inputs: list, vocab: int, max_context: int, device, reuse: Optio
         return None
     args = (_ptr(T), _ptr(off), _ptr(tokens), _ptr(depths), _ptr(parents), _ptr(has_d), _ptr(has_p), _ptr(ctx),
             _ptr(n_rows), _ptr(rows_off), _ptr(rows) if rows else None, _ptr(all_rows))
-    if lib.pack_check(B, *args, vocab, max_context) != 0:
+    # the arrays ride along: the pointers are theirs
+    return args, T, n, n_rows, has_p, (T, off, ctx, tokens, depths, parents, has_d, has_p, n_rows, rows_off, rows,
+                                       all_rows)
+
+
+def _checked_blocks(cache, inputs: list, gathered: tuple, vocab: int, max_context: int) -> Optional[tuple]:
+    """The C checks of a gathered step, then its cache room reserved (all or nothing) and its
+    blocks as flat arrays (blocks, block_off, n_blocks); None, with nothing reserved, where the
+    checks refuse it."""
+    args, T = gathered[0], gathered[1]
+    if LIBRARY.lib.pack_check(len(inputs), *args, vocab, max_context) != 0:
         return None
     cache.reserve({inp.seq_id: t for inp, t in zip(inputs, T)})  # all or nothing
     blocks, block_off, n_blocks = array("i"), array("i"), array("i")
@@ -123,27 +201,53 @@ def pack(cache, inputs: list, vocab: int, max_context: int, device, reuse: Optio
         block_off.append(len(blocks))
         n_blocks.append(len(own))
         blocks.extend(own)
+    return blocks, block_off, n_blocks
+
+
+def pack(cache, inputs: list, vocab: int, max_context: int, device, staging: Optional[Staging] = None
+         ) -> Optional[tuple[torch.Tensor, StepMeta, Optional[torch.Tensor]]]:
+    """``ModelRunner.prepare``'s result for ``inputs`` (each sequence in ``cache``, none twice:
+    the caller checked), the cache room reserved. ``staging`` (a ``Staging`` the caller keeps;
+    host devices only): the step is written into its buffers and returned as its kept views, so
+    a step makes no tensors; the caller must be done with the earlier step's tensors. None, with
+    nothing reserved, for a step the reference must take (an explicit mask, or an input the
+    checks refuse)."""
+    lib = LIBRARY.lib
+    B = len(inputs)
+    if B == 0:
+        return None
+    gathered = _gather(cache, inputs)
+    if gathered is None:
+        return None
+    room = _checked_blocks(cache, inputs, gathered, vocab, max_context)
+    if room is None:
+        return None
+    args, T, n, n_rows, has_p = gathered[:5]
+    blocks, block_off, n_blocks = room
     width = max(1, max(n_blocks))
     trees = [bool(p) for p in has_p]
     n_words = -(-max(t for t, tree in zip(T, trees) if tree) // 32) if any(trees) else 0
     R = sum(n_rows)
     with_idx = R != n
-    key = None
-    if reuse is not None and torch.device(device).type == "cpu":
+    tail = (_ptr(blocks), _ptr(block_off), _ptr(n_blocks), cache.block_size, width, n_words, int(with_idx), n, B,
+            R if with_idx else 0)
+    if staging is not None and torch.device(device).type == "cpu":
         key = (B, n, width, n_words, R if with_idx else -1, tuple(trees) if n_words else ())
-        kept = reuse.get(key)
-        if kept is not None:  # the same layout: the same offsets, views and padding (zero where unused)
-            i32, i64, at32, at64, packed = kept
-            lib.pack_step(B, *args, _ptr(blocks), _ptr(block_off), _ptr(n_blocks), cache.block_size, width, n_words,
-                          int(with_idx), _ptr(at32), _ptr(at64), _ptr(i32), _ptr(i64))
-            packed[1].max_seqlen_q = max(T)
-            return packed
+        packed = staging.steps.get(key)
+        if packed is None:
+            staging.fit(B, n, B * width, n * n_words, R if with_idx else 0)
+            if len(staging.steps) >= MAX_REUSED:
+                staging.steps.clear()
+            packed = staging.steps[key] = staging.step(B, n, width, n_words, R if with_idx else -1, trees, device)
+        lib.pack_step(B, *args, *tail, _ptr(staging.at32), _ptr(staging.at64), _ptr(staging.i32),
+                      _ptr(staging.i64), None)
+        packed[1].max_seqlen_q = max(T)
+        return packed
     s32, n32 = _aligned([B + 1, n, B, B * width, n * n_words], 4)
     s64, n64 = _aligned([n, n, R if with_idx else 0], 2)
     i32, i64 = array("i", bytes(4 * n32)), array("q", bytes(8 * n64))
     at32, at64 = array("q", s32), array("q", s64)
-    lib.pack_step(B, *args, _ptr(blocks), _ptr(block_off), _ptr(n_blocks), cache.block_size, width, n_words,
-                  int(with_idx), _ptr(at32), _ptr(at64), _ptr(i32), _ptr(i64))
+    lib.pack_step(B, *args, *tail, _ptr(at32), _ptr(at64), _ptr(i32), _ptr(i64), None)
     # the tensors share the arrays' memory and hold references to them (on the CPU, .to is a no-op)
     v32 = torch.frombuffer(i32, dtype=torch.int32).to(device)
     v64 = torch.frombuffer(i64, dtype=torch.int64).to(device)
@@ -157,12 +261,37 @@ def pack(cache, inputs: list, vocab: int, max_context: int, device, reuse: Optio
         mask=v32[s32[4]:s32[4] + n * n_words].view(n, n_words) if n_words else None,
         causal=torch.tensor([not t for t in trees], dtype=torch.bool, device=device) if n_words else None,
     )
-    packed = v64[s64[0]:s64[0] + n], meta, v64[s64[2]:s64[2] + R] if with_idx else None
-    if key is not None:
-        if len(reuse) >= MAX_REUSED:
-            reuse.clear()
-        reuse[key] = (i32, i64, at32, at64, packed)
-    return packed
+    return v64[s64[0]:s64[0] + n], meta, v64[s64[2]:s64[2] + R] if with_idx else None
+
+
+def pack_padded(cache, inputs: list, vocab: int, max_context: int, dims: tuple, at32: array, at64: array,
+                i32: int, i64: int, causal: Optional[int]) -> Optional[tuple[int, int]]:
+    """``inputs`` written into a CUDA graph's static inputs on the host (models/graphs.py):
+    ``dims`` = (rows, batch, width, mask words, logits rows) of its padded shape, ``at32`` /
+    ``at64`` the pieces' offsets from the addresses ``i32`` / ``i64``, ``causal`` the address
+    of its per-sequence flags (or None), padding as ``pack_step`` says. The cache room is
+    reserved. Returns (rows, logits rows) of the step; None, with nothing reserved, where the
+    reference must take it (as ``pack``) or where a sequence holds more blocks than the width."""
+    rows_pad, batch_pad, width, words, r_pad = dims
+    B = len(inputs)
+    gathered = _gather(cache, inputs)
+    if gathered is None or B > batch_pad:
+        return None
+    args, T, n, n_rows = gathered[:4]
+    R = sum(n_rows)
+    if n > rows_pad or R > r_pad or (words and -(-max(T) // 32) > words) or (any(gathered[4]) and not words):
+        return None
+    bs = cache.block_size
+    if any(max(len(cache.blocks[inp.seq_id]), -(-(cache.lengths[inp.seq_id] + t) // bs)) > width
+           for inp, t in zip(inputs, T)):
+        return None
+    room = _checked_blocks(cache, inputs, gathered, vocab, max_context)
+    if room is None:
+        return None
+    blocks, block_off, n_blocks = room
+    LIBRARY.lib.pack_step(B, *args, _ptr(blocks), _ptr(block_off), _ptr(n_blocks), cache.block_size, width, words,
+                          1, rows_pad, batch_pad, r_pad, _ptr(at32), _ptr(at64), i32, i64, causal)
+    return n, R
 
 
 def compacts(cache) -> bool:

@@ -72,7 +72,6 @@ class ModelRunner:
         self.cfg = model.cfg
         self.device = model.device
         self.cache = PagedKVCache(model.cfg, -(-cache_tokens // block_size), block_size, model.dtype, self.device)
-        self._packed: dict = {}  # the host buffers of earlier steps' layouts (prepare's reuse)
         options = getattr(model, "step_graphs", None)
         if graphs is None:
             graphs = options is not None
@@ -195,10 +194,19 @@ class ModelRunner:
     def step(self, inputs: list[StepInput], mark: Optional[Callable[[str], None]] = None) -> list[torch.Tensor]:
         """One forward for all ``inputs``; returns per input its logits rows (R_b, vocab) fp32.
         ``mark`` (a ``decoding.stats.StepClock.mark``) is told when the packing and the forward end."""
-        prepared = self.prepare(inputs, reuse=True)
-        if mark is not None:
-            mark("pack")
-        logits = self.forward(*prepared)
+        logits = None
+        if self.graphs is not None and self.model.emulated_cost is None:  # packed into a graph's inputs
+            self._check_ids(inputs)
+            staged = self.graphs.stage(inputs, self.cfg.vocab_size, self.max_context)
+            if staged is not None:
+                if mark is not None:
+                    mark("pack")
+                logits = self.graphs.replay(*staged, eager_fallback=True)
+        if logits is None:
+            prepared = self.prepare(inputs, reuse=True)
+            if mark is not None:
+                mark("pack")
+            logits = self.forward(*prepared)
         if mark is not None:
             mark("forward")
         out, start = [], 0
@@ -294,20 +302,23 @@ class ModelRunner:
         arguments ``(tokens, meta, logits_idx)``; the forward is ``model(tokens, meta,
         cache.k, cache.v, logits_idx)``. Nothing is committed: calling the forward again with
         the same arguments rewrites the same slots (the step benchmarks rely on this).
-        ``reuse`` (the runner's own steps, done with a step's tensors before the next): on a
-        host device the tensors of an earlier step of the same layout are written again
-        (models/packing.py) instead of made anew."""
+        ``reuse`` (the runner's own steps, done with a step's tensors before the thread packs
+        another): on a host device the step is written into the thread's buffers and returned as
+        their kept views (``models.packing.thread_staging``) instead of new tensors."""
         cache = self.cache
-        for inp in inputs:
-            cache.check(inp.seq_id)
-        if len({inp.seq_id for inp in inputs}) != len(inputs):
-            raise ValueError("a sequence may appear only once in a step")
+        self._check_ids(inputs)
         if packing.enabled():  # the compiled twin (models/packing.py); None: the reference below takes it
             packed = packing.pack(cache, inputs, self.cfg.vocab_size, self.max_context, self.device,
-                                  self._packed if reuse else None)
+                                  packing.thread_staging() if reuse else None)
             if packed is not None:
                 return packed
         return self._prepare_ref(inputs)
+
+    def _check_ids(self, inputs: list[StepInput]) -> None:
+        for inp in inputs:
+            self.cache.check(inp.seq_id)
+        if len({inp.seq_id for inp in inputs}) != len(inputs):
+            raise ValueError("a sequence may appear only once in a step")
 
     def _prepare_ref(self, inputs: list[StepInput]) -> tuple[torch.Tensor, StepMeta, Optional[torch.Tensor]]:
         """``prepare`` in Python after its first checks: the reference of models/packing.py."""

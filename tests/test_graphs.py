@@ -16,6 +16,7 @@ from decoding import HybridConfig, LookaheadConfig, generate, make_proposer
 from helpers import ours_from_hf, tiny_hf_model
 from kernels.backend import get_backend
 from models.graphs import StepGraphs, StepShape, use_cuda_graphs
+from models import packing
 from models.loader import from_hf
 from models.runner import ModelRunner, StepInput
 
@@ -81,6 +82,52 @@ def test_a_padded_step_gives_the_unpadded_logits(tiny_triton):
         pk = padded.cache.k.flatten(1, 2)[:, pslots]
         torch.testing.assert_close(pk, ek, rtol=1e-5, atol=1e-5)
     assert padded.graphs.stats["eager"] == 0
+
+
+@torch.inference_mode()
+def test_a_staged_step_fills_the_graph_inputs_as_the_copies_do(tiny_triton):
+    """``StepGraphs.stage`` (the step packed on the host in the graph's own layout, padded, one
+    copy) against its reference, ``prepare`` then ``_fill`` (a copy per piece), byte for byte:
+    every kind of step, in turn, so each shape's buffers hold an earlier step's values."""
+    if not packing.enabled():
+        pytest.skip(f"the compiled packing did not build: {packing.LIBRARY.reason}")
+    staged, filled = _runner(tiny_triton, True), _runner(tiny_triton, True)
+    for r in (staged, filled):
+        r.add_sequence(3)
+        r.step([StepInput(3, [50, 51, 52])])
+        r.commit({3: [0, 1, 2]})
+    V, ctx = tiny_triton.cfg.vocab_size, staged.max_context
+    tree4 = dict(depths=[0, 1, 1, 2], parents=[-1, 0, 0, 1])
+    steps = _steps() + [  # pairs of one shape, the second with fewer rows, logits rows or sequences
+        [StepInput(0, [3, 4, 5, 6, 7, 8, 9])], [StepInput(0, [3, 4, 5, 6, 7])],
+        [StepInput(0, [3, 4, 5], logits_rows=[2]), StepInput(1, [6]), StepInput(2, [7]), StepInput(3, [1, 2])],
+        [StepInput(0, [3, 4, 5]), StepInput(1, [6]), StepInput(2, [7])],
+        [StepInput(0, [3]), StepInput(1, [4]), StepInput(2, [6]), StepInput(3, [1, 2, 3, 4], **tree4)],
+        [StepInput(0, [3]), StepInput(1, [1, 2, 3, 4], **tree4), StepInput(2, [6])],
+    ]
+    for step in steps + steps[::-1] + steps:
+        got = staged.graphs.stage(step, V, ctx)
+        if any(inp.mask is not None for inp in step):  # an explicit mask: the reference path takes it
+            assert got is None
+            continue
+        g, R = got
+        tokens, meta, idx = filled.prepare(step)
+        assert filled.graphs.shape_of(tokens, meta, idx) == g.shape
+        want = filled.graphs._graph(g.shape)
+        filled.graphs._fill(want, tokens, meta, idx)
+        assert R == (tokens.numel() if idx is None else idx.numel())
+        assert torch.equal(g.dev, want.dev)
+        staged.graphs.graphs[g.shape], filled.graphs.graphs[g.shape] = g, want  # kept, as a replay keeps them
+        for r in (staged, filled):
+            r.commit({inp.seq_id: [0] for inp in step})
+    assert [staged.context_len(s) for s in range(4)] == [filled.context_len(s) for s in range(4)]
+    # refused: nothing reserved, the reference then names what is wrong; too large: run() takes it
+    free = len(staged.cache.free_blocks)
+    assert staged.graphs.stage([StepInput(0, [3, V])], V, ctx) is None
+    assert staged.graphs.stage([StepInput(0, list(range(1, 300)))], V, ctx) is None
+    assert len(staged.cache.free_blocks) == free
+    with pytest.raises(ValueError, match="token ids"):
+        staged.step([StepInput(0, [3, V])])
 
 
 def test_step_shapes_are_padded_to_powers_of_two(tiny_triton):

@@ -39,15 +39,21 @@ int pack_check(int B, const int32_t *T, const int32_t *off, const int64_t *token
 }
 
 /* Fills i32 = cu (B + 1) | positions (N) | lens (B) | table (B, width) | mask (N, n_words), and
- * i64 = tokens (N) | slots (N) | logits rows (R, only when some sequence names its rows), each
- * piece starting at the offsets the caller computed (at32[5], at64[3]); width is the longest
- * block list, n_words 0 when no sequence is a tree. Unused padding is left as the caller
- * zeroed it. The reserved blocks must cover ctx + T of each sequence. */
+ * i64 = tokens (N) | slots (N) | logits rows (R, only when with_idx), each piece starting at the
+ * offsets the caller computed (at32[5], at64[3]); n_words is 0 when no sequence is a tree (a
+ * chain's rows in a tree step get zero words). Every element of each piece is written, so a
+ * buffer may be written again by any later step. A CUDA graph's static inputs are padded
+ * (models/graphs.py): rows_pad >= N rows (token 0, position 0, slot -1, zero mask words),
+ * batch_pad >= B sequences (no tokens: cu = N, length 0, table -1) and r_pad >= R logits rows
+ * (row 0); ``causal`` (NULL: none) gets 1 per sequence that is not a tree, and per padded
+ * one. Exact steps pass rows_pad = N, batch_pad = B, r_pad = R. The reserved blocks must
+ * cover ctx + T of each sequence. */
 void pack_step(int B, const int32_t *T, const int32_t *off, const int64_t *tokens, const int32_t *depths,
                const int32_t *parents, const uint8_t *has_depths, const uint8_t *has_parents, const int64_t *ctx,
                const int32_t *n_rows, const int32_t *rows_off, const int32_t *rows, const uint8_t *all_rows,
                const int32_t *blocks, const int32_t *block_off, const int32_t *n_blocks, int block_size, int width,
-               int n_words, int with_idx, const int64_t *at32, const int64_t *at64, int32_t *i32, int64_t *i64) {
+               int n_words, int with_idx, int rows_pad, int batch_pad, int r_pad, const int64_t *at32,
+               const int64_t *at64, int32_t *i32, int64_t *i64, uint8_t *causal) {
     int32_t *cu = i32 + at32[0], *pos = i32 + at32[1], *lens = i32 + at32[2], *table = i32 + at32[3];
     int32_t *mask = i32 + at32[4];
     int64_t *tok = i64 + at64[0], *slots = i64 + at64[1], *idx = i64 + at64[2];
@@ -70,7 +76,10 @@ void pack_step(int B, const int32_t *T, const int32_t *off, const int64_t *token
                 else memset(row, 0, sizeof(int32_t) * (size_t)n_words);
                 row[i / 32] = (int32_t)((uint32_t)row[i / 32] | (1u << (i % 32)));
             }
+        } else if (n_words > 0) {  /* a causal sequence beside trees: its rows are not read */
+            memset(mask + (int64_t)start * n_words, 0, sizeof(int32_t) * (size_t)n * (size_t)n_words);
         }
+        if (causal) causal[b] = !has_parents[b];
         if (with_idx) {
             if (all_rows[b])
                 for (int i = 0; i < n; i++) idx[r_out++] = start + i;
@@ -82,6 +91,21 @@ void pack_step(int B, const int32_t *T, const int32_t *off, const int64_t *token
         start += n;
         cu[b + 1] = start;
     }
+    for (int i = start; i < rows_pad; i++) {
+        tok[i] = 0;
+        pos[i] = 0;
+        slots[i] = -1;
+    }
+    if (n_words > 0 && rows_pad > start)
+        memset(mask + (int64_t)start * n_words, 0, sizeof(int32_t) * (size_t)(rows_pad - start) * (size_t)n_words);
+    for (int b = B; b < batch_pad; b++) {
+        cu[b + 1] = start;
+        lens[b] = 0;
+        for (int k = 0; k < width; k++) table[(int64_t)b * width + k] = -1;
+        if (causal) causal[b] = 1;
+    }
+    if (with_idx)
+        for (int r = r_out; r < r_pad; r++) idx[r] = 0;
 }
 
 /* The accepted K/V moved to the next contiguous positions (kernels.kv_ops.kv_compact_ref) in a
