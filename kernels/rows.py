@@ -35,8 +35,9 @@ def argmax_topk_rows(x: torch.Tensor, k: int) -> tuple[list[int], list[list[int]
     argmax, equal values being in index order; a row holding a NaN gets torch's answers."""
     _check_k(x, k)
     lib = skinny.rows_kernel(x)
-    if lib is None or k > MAX_TOPK:
-        return x.argmax(-1).tolist(), x.topk(k, dim=-1).indices.tolist()
+    if lib is None or k > MAX_TOPK:  # one read back of both (on a GPU each is a synchronisation)
+        both = torch.cat([x.argmax(-1, keepdim=True), x.topk(k, dim=-1).indices], dim=-1).tolist()
+        return [row[0] for row in both], [row[1:] for row in both]
     res, bad = skinny.topk_unchecked(lib, x, k)
     top1 = [row[0] for row in res]
     for r in bad:

@@ -194,6 +194,16 @@ class ModelRunner:
     def step(self, inputs: list[StepInput], mark: Optional[Callable[[str], None]] = None) -> list[torch.Tensor]:
         """One forward for all ``inputs``; returns per input its logits rows (R_b, vocab) fp32.
         ``mark`` (a ``decoding.stats.StepClock.mark``) is told when the packing and the forward end."""
+        logits = self._step_logits(inputs, mark)
+        out, start = [], 0
+        for inp in inputs:
+            r = len(inp.tokens) if inp.logits_rows is None else len(inp.logits_rows)
+            out.append(logits[start:start + r])
+            start += r
+        return out
+
+    def _step_logits(self, inputs: list[StepInput], mark: Optional[Callable[[str], None]]) -> torch.Tensor:
+        """The logits rows of the whole step, every input's in turn."""
         logits = None
         if self.graphs is not None and self.model.emulated_cost is None:  # packed into a graph's inputs
             self._check_ids(inputs)
@@ -209,12 +219,7 @@ class ModelRunner:
             logits = self.forward(*prepared)
         if mark is not None:
             mark("forward")
-        out, start = [], 0
-        for inp in inputs:
-            r = len(inp.tokens) if inp.logits_rows is None else len(inp.logits_rows)
-            out.append(logits[start:start + r])
-            start += r
-        return out
+        return logits
 
     @torch.inference_mode()
     def step_greedy(self, inputs: list[StepInput], k: int = 1, mark: Optional[Callable[[str], None]] = None
@@ -224,15 +229,20 @@ class ModelRunner:
         model has an LM head screen (``Transformer.head_screen``: an fp32 CPU head and a build
         with AVX512-BF16) the argmax and top-k come from it, the logits are not computed, and
         the answers are those of the skinny product's logits, bit for bit; elsewhere from the
-        logits (``kernels.rows``). ``k`` <= 1: the argmax alone."""
+        logits (``kernels.rows``), the whole step's rows reduced at once (on a GPU one read back
+        per step, not one or two per sequence). ``k`` <= 1: the argmax alone."""
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise ValueError(f"k must be an int >= 0 (the top-k each row needs; 0 or 1: the argmax), got {k!r}")
         if self.head_screen(k) is None:
-            out = []
-            for lg in self.step(inputs, mark):
-                kk = max(1, min(k, lg.shape[-1]))
-                top1, topk = argmax_topk_rows(lg, kk) if kk > 1 else (argmax_rows(lg), None)
-                out.append((StepLogits(self.model, tensor=lg), top1, topk))
+            logits = self._step_logits(inputs, mark)
+            kk = max(1, min(k, logits.shape[-1]))
+            top1, topk = argmax_topk_rows(logits, kk) if kk > 1 else (argmax_rows(logits), None)
+            out, start = [], 0
+            for inp in inputs:
+                r = len(inp.tokens) if inp.logits_rows is None else len(inp.logits_rows)
+                out.append((StepLogits(self.model, tensor=logits[start:start + r]), top1[start:start + r],
+                            None if topk is None else topk[start:start + r]))
+                start += r
             return out
         prepared = self.prepare(inputs, reuse=True)
         if mark is not None:

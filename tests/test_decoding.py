@@ -613,6 +613,32 @@ def test_greedy_outputs_are_the_same_with_and_without_the_head_screen(tiny_torch
     assert top1 == full.argmax(-1).tolist() and topk == full.topk(3, -1).indices.tolist()
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_step_greedy_without_the_screen_reduces_the_whole_step_once(tiny_torch, monkeypatch, k):
+    """Without the head screen a greedy step reduces every input's rows in one call (one read
+    back per step on a GPU): each input gets its own rows' argmax and top-k, empty inputs
+    included, as its logits give them."""
+    from models import runner as runner_mod
+    from models.runner import ModelRunner, StepInput
+    monkeypatch.setenv("SPECDEC_HEAD_SCREEN", "0")
+    calls = []
+    for key in ("argmax_rows", "argmax_topk_rows"):
+        real = getattr(runner_mod, key)
+        monkeypatch.setattr(runner_mod, key, lambda *a, _f=real, **kw: (calls.append(1), _f(*a, **kw))[1])
+    runner = ModelRunner(tiny_torch, cache_tokens=256)
+    for s in range(4):
+        runner.add_sequence(s)
+    step = [StepInput(0, [3, 4, 5, 6], parents=[-1, 0, 0, 1]), StepInput(1, [7], logits_rows=[]),
+            StepInput(2, [8, 9]), StepInput(3, [1, 2, 3], logits_rows=[2, 0])]
+    got = runner.step_greedy(step, k=k)
+    assert len(calls) == 1
+    for (lg, top1, topk), inp in zip(got, step):
+        full = lg.tensor()
+        assert full.shape[0] == len(inp.tokens if inp.logits_rows is None else inp.logits_rows)
+        assert top1 == full.argmax(-1).tolist()
+        assert topk == (None if k == 1 else full.topk(k, -1).indices.tolist())
+
+
 def test_step_greedy_rows_the_screen_hands_back_and_bad_k(tiny_torch, monkeypatch):
     """A row the screen leaves to the caller (not finite) gets torch's answer from its own logits;
     a k below 0 is named before anything runs."""
