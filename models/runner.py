@@ -405,18 +405,32 @@ class ModelRunner:
         if moving and packing.compacts(cache):  # the compiled twin, on a host cache
             packing.compact(cache, moving)
         elif moving:
-            seq_ids = list(moving)
-            width = max(len(r) for r in moving.values())
-            idx = torch.full((len(seq_ids), width), -1, dtype=torch.int32)
-            for b, s in enumerate(seq_ids):
-                idx[b, :len(moving[s])] = torch.tensor(moving[s], dtype=torch.int32)
-            dev = self.device
-            self.model.backend.kv_compact(
-                cache.k, cache.v, cache.block_table(seq_ids, dev),
-                torch.tensor([cache.lengths[s] for s in seq_ids], dtype=torch.int32, device=dev),
-                idx.to(dev), torch.tensor([len(moving[s]) for s in seq_ids], dtype=torch.int32, device=dev))
+            self.model.backend.kv_compact(cache.k, cache.v, *compaction_args(cache, moving, self.device))
         for s, rows in accepted.items():
             cache.commit(s, len(rows))
+
+
+def compaction_args(cache: PagedKVCache, moving: dict[int, list[int]], device) -> tuple[torch.Tensor, ...]:
+    """The backend's ``kv_compact`` arguments after the caches (block tables (B, W), context
+    lengths (B,), accepted rows (B, A) padded with -1, their counts (B,), int32) for the
+    sequences in ``moving``: one int32 array, sent in one copy (on a GPU each tensor made on
+    the device from a list was a copy of its own)."""
+    seq_ids = list(moving)
+    B = len(seq_ids)
+    W = max(1, max(len(cache.blocks[s]) for s in seq_ids))
+    A = max(len(r) for r in moving.values())
+    flat = array("i")
+    for s in seq_ids:
+        flat.extend(cache.blocks[s])
+        flat.extend([-1] * (W - len(cache.blocks[s])))
+    flat.extend(cache.lengths[s] for s in seq_ids)
+    for s in seq_ids:
+        flat.extend(moving[s])
+        flat.extend([-1] * (A - len(moving[s])))
+    flat.extend(len(moving[s]) for s in seq_ids)
+    t = torch.frombuffer(flat, dtype=torch.int32).to(device)
+    table, lens, idx, counts = t.split([B * W, B, B * A, B])
+    return table.view(B, W), lens, idx.view(B, A), counts
 
 
 def _packed(buf: array, parts: list, align: int, dtype: torch.dtype, device) -> list[torch.Tensor]:
