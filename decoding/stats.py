@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from decoding.tree import SOURCE_NAMES
 
 
+_NAMES_OF: dict[int, list[str]] = {}  # source bits -> the names of its sources
+
+
 @dataclass
 class SeqStats:
     forwards: int = 0  # model calls after prefill this sequence took part in
@@ -30,11 +33,13 @@ class SeqStats:
                 key = (sources[node], node in on_path)
                 tally[key] = tally.get(key, 0) + 1
         for (bits, accepted), n in tally.items():
-            for bit, name in SOURCE_NAMES.items():
-                if bits & bit:
-                    self.proposed[name] += n
-                    if accepted:
-                        self.accepted[name] += n
+            names = _NAMES_OF.get(bits)
+            if names is None:
+                names = _NAMES_OF[bits] = [name for bit, name in SOURCE_NAMES.items() if bits & bit]
+            for name in names:
+                self.proposed[name] += n
+                if accepted:
+                    self.accepted[name] += n
         self.accepted_hist[len(outcome.new_tokens)] += 1
         self.accept_lengths.append(len(outcome.new_tokens))
 

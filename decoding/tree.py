@@ -8,6 +8,7 @@ of a step stay blind to each other while sharing one mask rule.
 """
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import torch
 
@@ -100,19 +101,22 @@ class StepTree:
         """The tree of the nodes ``keep`` (increasing, 0 first, every kept node's parent kept),
         and for each of its nodes the node of this tree it came from."""
         new_of = {old: new for new, old in enumerate(keep)}
-        if keep[:1] != [0] or any(self.parents[n] not in new_of for n in keep[1:]):
+        if keep[:1] != [0]:
             raise ValueError("a subtree keeps the root and the parent of every node it keeps")
         # what _new would make node by node, field by field (a kept node's depth is its own: its
-        # ancestors are kept)
-        tokens, candidate = [self.tokens[n] for n in keep], [self.candidate[n] for n in keep]
-        parents = [-1] + [new_of[self.parents[n]] for n in keep[1:]]
+        # ancestors are kept); itemgetter gathers each field in one call
+        get = itemgetter(*keep) if len(keep) > 1 else lambda xs: (xs[0],)
+        tokens, candidate = list(get(self.tokens)), list(get(self.candidate))
+        parents = [new_of.get(p, -2) for p in get(self.parents)]
+        parents[0] = -1
+        if -2 in parents:
+            raise ValueError("a subtree keeps the root and the parent of every node it keeps")
         children: list[dict[int, int]] = [{} for _ in keep]
         for new in range(1, len(keep)):
             if candidate[new]:
                 children[parents[new]][tokens[new]] = new
-        sub = StepTree(tokens=tokens, parents=parents, depths=[self.depths[n] for n in keep],
-                       sources=[self.sources[n] for n in keep], candidate=candidate, children=children,
-                       group=[self.group[n] for n in keep])
+        sub = StepTree(tokens=tokens, parents=parents, depths=list(get(self.depths)), sources=list(get(self.sources)),
+                       candidate=candidate, children=children, group=list(get(self.group)))
         sub.depths[0], sub.sources[0], sub.candidate[0], sub.group[0] = 0, 0, True, -1
         sub.extra_logits = {new_of[n] for n in self.extra_logits if n in new_of}
         sub.chance = {new_of[n]: c for n, c in self.chance.items() if n in new_of}

@@ -314,6 +314,7 @@ def compact(cache, moving: dict[int, list[int]]) -> None:
                 dst.append(blocks[b // bs] * bs + b % bs)
     if src:
         k = cache.k
-        L, row = k.shape[0], k[0, 0, 0].numel() * k.element_size()
-        LIBRARY.lib.pack_kv_move(k.data_ptr(), cache.v.data_ptr(), L, k[0].numel() * k.element_size(), row,
-                                 _ptr(src), _ptr(dst), len(src))
+        L, NB, BS, KV, D = k.shape  # contiguous (compacts): a slot's row, a layer, from the shape
+        row = KV * D * k.element_size()
+        LIBRARY.lib.pack_kv_move(k.data_ptr(), cache.v.data_ptr(), L, NB * BS * row, row, _ptr(src), _ptr(dst),
+                                 len(src))
