@@ -14,6 +14,9 @@
 #   graphs   model speed with steps replayed from CUDA graphs (--cuda-graphs) beside eager, SmolLM2 and 7B shapes
 #   profile  one SmolLM2-shape step profiled: host / device ms and launches, eager and replayed
 #   e2e      end to end on the real default model with Triton kernels, beside transformers
+# BEFORE_DIR (optional): another checkout of this repository (e.g. `git archive START | tar -x -C
+# .gpu/before`, carried along): the e2e step then runs there first and here second, on the same
+# warm machine, so a change's before / after comes from one device call (e2e_before/, e2e/).
 set -u
 PY=${PYTHON:-python3}  # the GPU machine's python3 holds its torch
 GGUF=${1:-/tmp/m/smollm2.gguf}
@@ -71,6 +74,12 @@ if step e2e; then
         stamp "e2e: start"
         # one prompt per task by default (eager steps are host-bound: a run of every prompt does
         # not fit a session's GPU time); E2E_ARGS adds flags (e.g. --cuda-graphs)
+        if [ -n "${BEFORE_DIR:-}" ] && [ -d "$BEFORE_DIR" ]; then
+            stamp "e2e before ($BEFORE_DIR): start"
+            (cd "$BEFORE_DIR" && timeout "${E2E_S:-300}" $PY bench/run.py --kernel triton --model "$GGUF" \
+                --limit "${E2E_LIMIT:-1}" --out "$(realpath "$DIR")/e2e_before" ${E2E_ARGS:-}) >> "$LOG" 2>&1
+            stamp "e2e before: rc $?"
+        fi
         timeout "${E2E_S:-300}" $PY bench/run.py --kernel triton --model "$GGUF" --compare-hf \
             --limit "${E2E_LIMIT:-1}" --out "$DIR/e2e" ${E2E_ARGS:-} >> "$LOG" 2>&1
         stamp "e2e: rc $?"
