@@ -69,8 +69,9 @@ def grow_tree(tree: StepTree, table: Table, widths: tuple[int, ...], max_depth: 
 def refresh(table: Table, tokens: list[int], top: list[list[int]]) -> None:
     """``top[i]`` = the model's best next tokens after a row whose token is ``tokens[i]``;
     later rows overwrite earlier ones (callers put the accepted path last)."""
-    if not isinstance(table, dict):  # the compiled twin: the same assignments in the same order
-        table.refresh(tokens, top)
+    if not isinstance(table, dict):  # the compiled twin, given each token's last row alone (the same
+        last = dict(zip(tokens, top))  # table: keys in the order first met, each with its last row)
+        table.refresh(list(last), list(last.values()))
         return
     for tok, row in zip(tokens, top):
         table[tok] = row
