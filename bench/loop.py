@@ -51,11 +51,14 @@ class Bench:
         cfg = self.model.cfg
         self.model_line = f"{args.model} ({cfg.architecture}, {cfg.num_layers} layers, hidden {cfg.hidden_size})"
         print(f"loaded: {self.model_line}", flush=True)
-        self.draft = None
+        self.draft, self.draft_line = None, None
         if any(m.startswith("draft") for m in args.methods):
             draft = self._load("draft", lambda: load_model(args.draft_model, backend, dtype, args.device,
                                                            weights=weights, named_by="--draft-model"))
             self.draft = draft.model
+            dc = self.draft.cfg  # the header's draft line: its weights' form beside the target's
+            self.draft_line = (f"{args.draft_model} ({dc.architecture}, {dc.num_layers} layers, hidden "
+                               f"{dc.hidden_size}); weights {self.draft.weights}")
             # the vocabularies themselves (token -> id), now: before anything is generated
             same_tokenizer(self.tok, draft.tokenizer, f"--model {args.model}", f"--draft-model {args.draft_model}")
         elif args.compare_hf and args.draft_model:  # hf-assisted alone: its tokenizer, without our copy of it

@@ -317,6 +317,8 @@ def _run(args, records: list[dict], head: dict, memory, device_name: str, total:
     from models.tune import describe
 
     head["products"] = describe(bench.model)
+    if bench.draft is not None:
+        head["draft model"] = f"{bench.draft_line}; {describe(bench.draft)}"
     if bench.emulation is not None:
         head["emulated step cost"] = bench.emulation.describe()
         print(f"emulated step cost: {head['emulated step cost']}", flush=True)

@@ -155,6 +155,21 @@ def test_the_weights_flag(entry, capsys):
         assert "--weights" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag, form", [([], "native"), (["--weights", "fp32"], "fp32")])
+def test_the_bench_loads_the_draft_model_on_the_targets_weights(flag, form, tmp_path):
+    """bench/run.py's --draft-model loads on the target's weights form (the default: native for
+    a GGUF file), and the header's draft line names that form."""
+    import bench.run as bench_run
+    from bench.loop import Bench
+    from bench.measure import PeakMemory
+
+    args = bench_run.parse_args(["--methods", "draft", "--draft-model", "smollm2", "--no-plan",
+                                 "--out", str(tmp_path)] + flag)
+    bench = Bench(args, PeakMemory("cpu"))
+    assert bench.model.weights == bench.draft.weights == form
+    assert bench.draft_line.endswith(f"; weights {form}") and bench.draft_line.startswith("smollm2 (llama, ")
+
+
 def test_the_cli_passes_weights_to_the_load(monkeypatch):
     """python -m decoding --weights q8_0 loads with weights='q8_0' (the model stubbed)."""
     import io
