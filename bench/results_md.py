@@ -69,6 +69,12 @@ RUNS = [
      "task, one round (no --repeats: each speedup is one run's ratio, so read differences under about 10% "
      "as noise). The product-form table was re-tuned on the quiet machine just before (a table tuned under "
      "load had halved `ar`'s speed in an earlier run that day)."),
+    ("bench/results/2026-11-27-cpu-host-staging/real/now-1/results.json",
+     "One prompt per task, the default native weights, one round, after a step's inputs went into kept buffers "
+     "and the host's work was trimmed (run alternated with the session's start code: real/ beside it). The host "
+     "is 4-7% of a step here, 0.21 ms (`ar`) to 0.49 ms (`hybrid`) against 0.22-0.55 before, so the speedups "
+     "did not move beyond the rounds' spread. Every output identical to `ar`'s. Texts and token ids removed from "
+     "the JSON; the run directory's NOTES.md has the host work alone."),
     ("bench/results/2026-11-27-cpu-host-drafting/batch8/results.json",
      "Batches of 8 prompts of one task (--batch-size 8 --limit 8), fp32, one round, with the step's drafting, "
      "planning, packing and KV compaction compiled (the header's host-path line predates the drafting's own "
