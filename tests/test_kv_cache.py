@@ -11,7 +11,7 @@ from models.kv_cache import KVCacheFull, PagedKVCache
 from kernels import cbuild
 from kernels.mask import pack_mask
 from models import packing
-from models.runner import StepInput
+from models.runner import ModelRunner, StepInput
 
 CFG = ModelConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_layers=2, num_heads=2, num_kv_heads=1)
 
@@ -199,6 +199,47 @@ def _prepare_ref(runner, inputs):
                 table=cache.block_table(seq_ids), mask=mask,
                 causal=None if mask is None else torch.tensor([not t for t in trees]),
                 idx=None if len(idx) == cu[-1] else torch.tensor(idx), max_q=max(len(i.tokens) for i in inputs))
+
+
+def test_steps_packed_in_two_threads_keep_their_own_buffers():
+    """Each thread packs into its own buffers (models.packing.thread_staging): two threads
+    stepping runners at once, each checking its step after the other had time to pack its own,
+    see their own values."""
+    import threading
+    import time
+
+    from models import packing
+    if not packing.enabled():
+        pytest.skip(f"the compiled packing did not build: {packing.LIBRARY.reason}")
+    model = ours_from_hf(tiny_hf_model("llama"), cache_tokens=512, block_size=4).model
+    errors, done = [], []
+
+    def work(seed: int) -> None:
+        try:
+            runner = ModelRunner(model, cache_tokens=512, block_size=4)
+            runner.add_sequence(0)
+            runner.assume_context(0, 5 + seed)
+            r = random.Random(seed)
+            for _ in range(60):
+                T = r.randrange(1, 12)
+                step = [StepInput(0, [r.randrange(50) for _ in range(T)], parents=[-1] + [r.randrange(i) for i in
+                                                                                          range(1, T)])]
+                tokens, meta, idx = runner.prepare(step, reuse=True)
+                time.sleep(0)  # the other thread packs now
+                want = _prepare_ref(runner, step)
+                if not (torch.equal(tokens, want["tokens"]) and torch.equal(meta.positions, want["positions"])
+                        and torch.equal(meta.mask, want["mask"]) and torch.equal(meta.slot_mapping, want["slots"])):
+                    errors.append(seed)
+            done.append(seed)
+        except Exception as e:  # noqa: BLE001 -- reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and sorted(done) == [1, 2]
 
 
 @pytest.mark.parametrize("compiled,reuse", [(True, False), (True, True), (False, False)],
