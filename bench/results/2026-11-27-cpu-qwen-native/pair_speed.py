@@ -91,7 +91,8 @@ res["native_over_fp32"] = {"ar_whole_turn": [round(x, 2) for x in ratio_whole],
                            "ar_after_first_token": [round(x, 2) for x in ratio_after]}
 res["first_difference_native_vs_fp32"] = agree
 print(json.dumps(res, indent=1))
-print("\n| | one-token forward ms, target | draft | draft / target | ar tok/s (whole turn) | ar ms/token after the first |")
+print("\n| | one-token forward ms, target | draft | draft / target | ar tok/s (whole turn) "
+      "| ar ms/token after the first |")
 print("|---|---:|---:|---:|---:|---:|")
 for w in FORMS:
     t, d = med(forward[("target", w)]), med(forward[("draft", w)])
