@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
 # Everything else in the suite is a CPU suite (on a GPU machine run it with TRITON_INTERPRET=1).
 GPU_KERNEL_TESTS = {"test_kernel_ngram_match", "test_kernel_kv_ops", "test_kernel_tree_attention", "test_kernel_norm",
                     "test_kernel_checks",
-                    "test_kernel_elementwise"}
+                    "test_kernel_elementwise", "test_kernel_exact"}
 
 
 def kernels_on_gpu() -> bool:
