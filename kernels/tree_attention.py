@@ -156,6 +156,8 @@ def _tree_attention_kernel(
     context_lens_ptr,  # (B,) int32
     mask_ptr,  # (T_total, n_words) int32; read only by sequences under the mask rule
     causal_ptr,  # (B,) int8; read only when MASK_MODE == 2
+    order_ptr,  # (T_total, n_words * 32) int32: a masked row's visible step keys in order (EXACT)
+    count_ptr,  # (T_total,) int32: how many (EXACT)
     sm_scale_log2,  # softmax scale * log2(e)
     sliding_window,  # keys with q_pos - k_pos >= sliding_window are invisible (HAS_WINDOW)
     block_size, n_words, head_dim,
@@ -167,6 +169,7 @@ def _tree_attention_kernel(
     stride_mt,
     stride_ps, stride_pt, stride_ph,
     stride_ls, stride_lt,
+    stride_order,
     NUM_SPLITS: tl.constexpr,  # > 1: the prefix is cut into NUM_SPLITS key ranges (flash decoding)
     GROUP: tl.constexpr,  # query heads per KV head
     TOKENS_PER_TILE: tl.constexpr,  # BLOCK_M // GROUP step tokens per tile
@@ -177,6 +180,7 @@ def _tree_attention_kernel(
     HAS_WINDOW: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    EXACT: tl.constexpr,  # every row's keys by rank (see ``tree_attention``); TOKENS_PER_TILE 1 under a mask
 ):
     tile, b = tl.program_id(0), tl.program_id(1)
     kv_head, split = tl.program_id(2) // NUM_SPLITS, tl.program_id(2) % NUM_SPLITS
@@ -204,63 +208,99 @@ def _tree_attention_kernel(
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
 
-    # ---- phase 1: the committed prefix, visible to every step token (window aside) ----
-    lo = 0
-    prefix_end = C
-    if NUM_SPLITS > 1:
-        # Few programs (decode, small batch) cannot fill the GPU: each split takes one
-        # BLOCK_N-aligned range of this sequence's prefix, and a second kernel merges them.
-        chunk = tl.cdiv(tl.cdiv(C, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        lo = split * chunk
-        prefix_end = tl.minimum(C, lo + chunk)
-    if HAS_WINDOW:
-        # Skip prefix tiles that slid out of the window of every row of this tile.
-        min_pos = tl.min(tl.where(row_ok, pos_q, 2147483647))
-        lo = tl.maximum(lo, (tl.maximum(min_pos - sliding_window + 1, 0) // BLOCK_N) * BLOCK_N)
-    for start_n in range(lo, prefix_end, BLOCK_N):
-        key_idx = start_n + tl.arange(0, BLOCK_N)
-        key_ok = key_idx < prefix_end
-        vis = key_ok[None, :] & row_ok[:, None]
-        if HAS_WINDOW:
-            vis = vis & ((pos_q[:, None] - key_idx[None, :]) < sliding_window)
-        acc, l_i, m_i = _attend_tile(
-            acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, block_table_row, key_idx, key_ok, vis,
-            kv_head, sm_scale_log2, block_size, head_dim,
-            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-            BLOCK_D, UPCAST_DOT, DOT_PRECISION)
-
-    # ---- phase 2: the step's own keys, stored right after the prefix, under the step rule ----
     if MASK_MODE == 0:
         is_causal = True
     elif MASK_MODE == 1:
         is_causal = False
     else:
         is_causal = tl.load(causal_ptr + b) != 0
-    hi = T
-    if is_causal:
-        # Causal rows never see keys past the tile's last token: stop at the diagonal.
-        hi = tl.minimum(T, t0 + TOKENS_PER_TILE)
-    if NUM_SPLITS > 1:
-        hi = tl.where(split == NUM_SPLITS - 1, hi, 0)  # the step keys belong to the last split
-    for s0 in range(0, hi, BLOCK_N):
-        s = s0 + tl.arange(0, BLOCK_N)  # (BLOCK_N,) step-relative key index
-        key_ok = s < T
+
+    if EXACT:
+        # ---- every key a row sees, as one sequence by rank: the prefix (rank = position), then
+        # its visible step keys in step order; tiles of BLOCK_N ranks from rank 0. A decoding
+        # row and a tree row over the same keys then meet them in the same tiles in the same
+        # order, whatever else the step holds. Keys past a row's last rank are masked: exact zeros.
         if is_causal:
-            vis = s[None, :] <= t[:, None]
-        else:
-            # Bit s % 32 of word s // 32 of the query's mask row (layout: kernels/__init__).
-            word_ok = row_ok[:, None] & key_ok[None, :] & ((s // 32) < n_words)[None, :]
-            words = tl.load(mask_ptr + row[:, None] * stride_mt + (s // 32)[None, :], mask=word_ok, other=0)
-            vis = ((words >> (s % 32)[None, :]) & 1) != 0
-        vis = vis & key_ok[None, :] & row_ok[:, None]
+            n_keys = C + tl.minimum(T, t0 + TOKENS_PER_TILE)  # up to the tile's last row
+        else:  # one step token per tile: its own count
+            n_keys = C + tl.load(count_ptr + q_start + t0)
+        lo = 0
         if HAS_WINDOW:
-            pos_k = tl.load(positions_ptr + q_start + s, mask=key_ok, other=0)
-            vis = vis & ((pos_q[:, None] - pos_k[None, :]) < sliding_window)
-        acc, l_i, m_i = _attend_tile(
-            acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, block_table_row, C + s, key_ok, vis,
-            kv_head, sm_scale_log2, block_size, head_dim,
-            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-            BLOCK_D, UPCAST_DOT, DOT_PRECISION)
+            # leading prefix tiles outside every row's window: skipping them changes nothing
+            min_pos = tl.min(tl.where(row_ok, pos_q, 2147483647))
+            lo = (tl.minimum(tl.maximum(min_pos - sliding_window + 1, 0), C) // BLOCK_N) * BLOCK_N
+        order_row = order_ptr + (q_start + t0).to(tl.int64) * stride_order
+        for r0 in range(lo, n_keys, BLOCK_N):
+            r = r0 + tl.arange(0, BLOCK_N)  # (BLOCK_N,) ranks
+            j = r - C  # rank among the step keys; < 0: a prefix key
+            key_ok = r < n_keys
+            if is_causal:
+                s = j
+                vis = key_ok[None, :] & row_ok[:, None] & (j[None, :] <= t[:, None])
+            else:
+                s = tl.load(order_row + j, mask=key_ok & (j >= 0), other=0)
+                vis = key_ok[None, :] & row_ok[:, None]
+            key_idx = tl.where(j < 0, r, C + s)
+            if HAS_WINDOW:
+                pos_k = tl.where(j < 0, r, tl.load(positions_ptr + q_start + s, mask=key_ok & (j >= 0), other=0))
+                vis = vis & ((pos_q[:, None] - pos_k[None, :]) < sliding_window)
+            acc, l_i, m_i = _attend_tile(
+                acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, block_table_row, key_idx, key_ok, vis,
+                kv_head, sm_scale_log2, block_size, head_dim,
+                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                BLOCK_D, UPCAST_DOT, DOT_PRECISION)
+    else:
+        # ---- phase 1: the committed prefix, visible to every step token (window aside) ----
+        prefix_end = C
+        lo = 0
+        if NUM_SPLITS > 1:
+            # Few programs (decode, small batch) cannot fill the GPU: each split takes one
+            # BLOCK_N-aligned range of this sequence's prefix, and a second kernel merges them.
+            chunk = tl.cdiv(tl.cdiv(C, NUM_SPLITS), BLOCK_N) * BLOCK_N
+            lo = split * chunk
+            prefix_end = tl.minimum(C, lo + chunk)
+        if HAS_WINDOW:
+            # Skip prefix tiles that slid out of the window of every row of this tile.
+            min_pos = tl.min(tl.where(row_ok, pos_q, 2147483647))
+            lo = tl.maximum(lo, (tl.maximum(min_pos - sliding_window + 1, 0) // BLOCK_N) * BLOCK_N)
+        for start_n in range(lo, prefix_end, BLOCK_N):
+            key_idx = start_n + tl.arange(0, BLOCK_N)
+            key_ok = key_idx < prefix_end
+            vis = key_ok[None, :] & row_ok[:, None]
+            if HAS_WINDOW:
+                vis = vis & ((pos_q[:, None] - key_idx[None, :]) < sliding_window)
+            acc, l_i, m_i = _attend_tile(
+                acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, block_table_row, key_idx, key_ok, vis,
+                kv_head, sm_scale_log2, block_size, head_dim,
+                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                BLOCK_D, UPCAST_DOT, DOT_PRECISION)
+
+        # ---- phase 2: the step's own keys, stored right after the prefix, under the step rule ----
+        hi = T
+        if is_causal:
+            # Causal rows never see keys past the tile's last token: stop at the diagonal.
+            hi = tl.minimum(T, t0 + TOKENS_PER_TILE)
+        if NUM_SPLITS > 1:
+            hi = tl.where(split == NUM_SPLITS - 1, hi, 0)  # the step keys belong to the last split
+        for s0 in range(0, hi, BLOCK_N):
+            s = s0 + tl.arange(0, BLOCK_N)  # (BLOCK_N,) step-relative key index
+            key_ok = s < T
+            if is_causal:
+                vis = s[None, :] <= t[:, None]
+            else:
+                # Bit s % 32 of word s // 32 of the query's mask row (layout: kernels/__init__).
+                word_ok = row_ok[:, None] & key_ok[None, :] & ((s // 32) < n_words)[None, :]
+                words = tl.load(mask_ptr + row[:, None] * stride_mt + (s // 32)[None, :], mask=word_ok, other=0)
+                vis = ((words >> (s % 32)[None, :]) & 1) != 0
+            vis = vis & key_ok[None, :] & row_ok[:, None]
+            if HAS_WINDOW:
+                pos_k = tl.load(positions_ptr + q_start + s, mask=key_ok, other=0)
+                vis = vis & ((pos_q[:, None] - pos_k[None, :]) < sliding_window)
+            acc, l_i, m_i = _attend_tile(
+                acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, block_table_row, C + s, key_ok, vis,
+                kv_head, sm_scale_log2, block_size, head_dim,
+                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                BLOCK_D, UPCAST_DOT, DOT_PRECISION)
 
     # A row that sees no key at all (only possible with an empty mask row and no prefix) gets 0.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -305,6 +345,77 @@ def _merge_splits_kernel(
     out = tl.sum(w[:, None] * o, 0) / tl.where(denom == 0.0, 1.0, denom)
     tl.store(out_ptr + row * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
              mask=offs_d < head_dim)
+
+
+def step_order_ref(mask: torch.Tensor,  # (T_total, n_words) int32
+                   cu_seqlens_q: torch.Tensor,  # (B + 1,) int32
+                   causal: Optional[torch.Tensor] = None,  # (B,) bool: these sequences are skipped
+                   ) -> tuple[torch.Tensor, torch.Tensor]:  # (T_total, n_words * 32) int32, (T_total,) int32
+    """For every row of a masked sequence, the step keys it sees in step order: ``order[row, j]``
+    is the step index of its j-th visible step key, ``counts[row]`` how many it sees (bits past
+    its sequence's T are not keys). What the exact attention (``tree_attention(exact=True)``)
+    reads to walk a tree row's keys as a chain's; entries past a count, and rows of causal
+    sequences or of no sequence, are left 0 here and unspecified in ``step_order``."""
+    T_total, n_words = mask.shape
+    order = torch.zeros(T_total, n_words * 32, dtype=torch.int32, device=mask.device)
+    counts = torch.zeros(T_total, dtype=torch.int32, device=mask.device)
+    cu = cu_seqlens_q.tolist()
+    flags = [False] * (len(cu) - 1) if causal is None else causal.tolist()
+    for b in range(len(cu) - 1):
+        s, e = cu[b], cu[b + 1]
+        if flags[b] or e == s:
+            continue
+        vis = unpack_mask(mask[s:e], min(e - s, n_words * 32))  # (T, T) bool
+        for i in range(e - s):
+            idx = vis[i].nonzero().flatten()
+            order[s + i, :idx.numel()] = idx.to(torch.int32)
+            counts[s + i] = idx.numel()
+    return order, counts
+
+
+@triton.jit
+def _step_order_kernel(
+    mask_ptr,  # (T_total, n_words) int32
+    cu_seqlens_ptr,  # (B + 1,) int32
+    causal_ptr,  # (B,) int8; read only when HAS_CAUSAL
+    order_ptr,  # (T_total, n_words * 32) int32
+    count_ptr,  # (T_total,) int32
+    n_words, stride_mt, stride_ot,
+    HAS_CAUSAL: tl.constexpr,
+    BLOCK: tl.constexpr,  # n_words * 32 padded to a power of two
+):
+    t, b = tl.program_id(0), tl.program_id(1)
+    q_start = tl.load(cu_seqlens_ptr + b)
+    T = tl.load(cu_seqlens_ptr + b + 1) - q_start
+    if t >= T:
+        return
+    if HAS_CAUSAL:
+        if tl.load(causal_ptr + b) != 0:
+            return
+    row = (q_start + t).to(tl.int64)
+    s = tl.arange(0, BLOCK)
+    ok = (s < T) & ((s // 32) < n_words)
+    words = tl.load(mask_ptr + row * stride_mt + s // 32, mask=ok, other=0)
+    bit = (((words >> (s % 32)) & 1) != 0) & ok
+    rank = tl.cumsum(bit.to(tl.int32), 0) - 1
+    tl.store(order_ptr + row * stride_ot + rank, s, mask=bit)
+    tl.store(count_ptr + row, tl.sum(bit.to(tl.int32), 0))
+
+
+def step_order(mask: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int,
+               causal: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton version of ``step_order_ref`` (``max_seqlen_q`` >= the longest step sizes the grid
+    without a host sync). Grid: (max_seqlen_q, B), one program per row."""
+    T_total, n_words = mask.shape
+    order = torch.empty(T_total, n_words * 32, dtype=torch.int32, device=mask.device)
+    counts = torch.empty(T_total, dtype=torch.int32, device=mask.device)
+    B = cu_seqlens_q.numel() - 1
+    if B > 0 and max_seqlen_q > 0 and T_total > 0:
+        _step_order_kernel[(max_seqlen_q, B)](
+            mask, cu_seqlens_q, causal.view(torch.int8) if causal is not None else cu_seqlens_q, order, counts,
+            n_words, mask.stride(0), order.stride(0),
+            HAS_CAUSAL=causal is not None, BLOCK=triton.next_power_of_2(n_words * 32))
+    return order, counts
 
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -400,6 +511,15 @@ def _tile_config(max_seqlen_q: int, group: int, block_d: int, dtype: torch.dtype
     return block_m, block_n, num_warps
 
 
+def _exact_tile_config(group: int, block_d: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """``_tile_config`` for ``exact``: one tile for every step, the smallest that holds a token's
+    heads. A tile's shape decides how a GPU lays a row's reductions out over its threads (and
+    which tensor-core instruction runs), so it must not follow the step's rows."""
+    block_m = max(16, triton.next_power_of_2(group))
+    block_n = 64 if (dtype != torch.float32 or block_d <= 64) else 32
+    return block_m, block_n, 4 if block_m <= 64 else 8
+
+
 def _choose_kv_splits(programs: int, max_keys: int, block_n: int, device: torch.device) -> int:
     """Flash-decoding split count: about two programs per SM, each split at least 4 key tiles.
     1 (no split) when the grid already covers the GPU (partials would cost more than they give) or
@@ -427,6 +547,8 @@ def tree_attention(
     max_seqlen_q: Optional[int] = None,  # >= the longest step; sizes the grid without a host sync
     out: Optional[torch.Tensor] = None,  # (T_total, n_heads, head_dim) to write into
     num_kv_splits: Optional[int] = None,  # prefix key ranges per sequence; None = by occupancy
+    exact: bool = False,  # one reduction order per row whatever the step holds (below)
+    key_order: Optional[tuple] = None,  # exact under a mask: ``step_order``'s tables (made once a step) or None
 ) -> torch.Tensor:  # (T_total, n_heads, head_dim), dtype of q
     """Triton version of ``tree_attention_ref`` (same arguments, same result).
 
@@ -437,6 +559,14 @@ def tree_attention(
     where B * n_kv_heads programs would leave most of the GPU idle) each writes a partial
     output and its log-sum-exp, and ``_merge_splits_kernel`` combines them. A row that sees no
     key gives 0 (the reference gives NaN). Mask words past n_words read as 0.
+
+    ``exact``: a row's result depends only on its query and the keys it sees, in their order,
+    bit for bit, not on the step's other rows, its place in the batch, or where its keys lie in
+    the cache. A tile's shape depends on neither ``max_seqlen_q`` nor occupancy, there are no
+    splits, and every row walks its keys as one sequence in tiles of BLOCK_N by rank: the prefix
+    by position, then its visible step keys in step order (under a mask, one step token per
+    program, its keys gathered through ``step_order``). So a tree row whose ancestors are a
+    chain's tokens gets the same bits as that chain's decoding step, where those keys are prefix.
     """
     _check_attention_args(q, k_cache, v_cache, cu_seqlens_q, positions, block_tables, context_lens,
                           mask, causal, sliding_window, max_seqlen_q, out)
@@ -448,6 +578,17 @@ def tree_attention(
         checks.block_tables("block_tables", block_tables, needed, k_cache.shape[0])
     if num_kv_splits is not None and (not isinstance(num_kv_splits, int) or not 1 <= num_kv_splits <= MAX_SPLITS):
         raise ValueError(f"num_kv_splits must be None or an int in [1, {MAX_SPLITS}], got {num_kv_splits!r}")
+    if exact and num_kv_splits not in (None, 1):
+        raise ValueError(f"exact=True walks each row's keys in one order: num_kv_splits must be None or 1, "
+                         f"got {num_kv_splits!r}")
+    if key_order is not None:
+        words = mask.shape[1] if mask is not None else 0
+        if not (isinstance(key_order, tuple) and len(key_order) == 2 and all(
+                isinstance(t, torch.Tensor) and t.dtype == torch.int32 and t.device == q.device for t in key_order)
+                and key_order[0].shape == (q.shape[0], 32 * words) and key_order[0].stride(-1) == 1
+                and key_order[1].shape == (q.shape[0],)):
+            raise ValueError(f"key_order must be step_order's (order, counts) for this step: int32 tensors on "
+                             f"{q.device} of shapes ({q.shape[0]}, {32 * words}) and ({q.shape[0]},)")
     T_total, n_heads, head_dim = q.shape
     block_size, n_kv = k_cache.shape[1], k_cache.shape[2]
     group = n_heads // n_kv
@@ -459,8 +600,13 @@ def tree_attention(
         return out
     scale = head_dim**-0.5 if scale is None else float(scale)
     block_d = max(16, triton.next_power_of_2(head_dim))
-    block_m, block_n, num_warps = _tile_config(max_seqlen_q, group, block_d, q.dtype)
-    tokens_per_tile = block_m // group
+    if exact:
+        block_m, block_n, num_warps = _exact_tile_config(group, block_d, q.dtype)
+        # under a mask each row has its own keys by rank: one step token per program
+        tokens_per_tile = block_m // group if mask is None else 1
+    else:
+        block_m, block_n, num_warps = _tile_config(max_seqlen_q, group, block_d, q.dtype)
+        tokens_per_tile = block_m // group
     if mask is None:
         mask_mode, mask_arg, causal_arg = 0, cu_seqlens_q, cu_seqlens_q  # placeholders, never read
     elif causal is None:
@@ -470,8 +616,12 @@ def tree_attention(
     n_words = mask.shape[1] if mask is not None else 0
     stride_mt = mask.stride(0) if mask is not None else 0
     n_tiles = triton.cdiv(max_seqlen_q, tokens_per_tile)
-    splits = num_kv_splits if num_kv_splits is not None else _choose_kv_splits(
+    splits = 1 if exact else num_kv_splits if num_kv_splits is not None else _choose_kv_splits(
         n_tiles * B * n_kv, block_tables.shape[1] * block_size, block_n, q.device)
+    if exact and mask is not None:
+        order, counts = key_order if key_order is not None else step_order(mask, cu_seqlens_q, max_seqlen_q, causal)
+    else:  # placeholders, never read
+        order, counts = cu_seqlens_q.view(1, -1), cu_seqlens_q
     if splits > 1:
         o_part = torch.empty(splits, T_total, n_heads, head_dim, dtype=torch.float32, device=q.device)
         lse_part = torch.empty(splits, T_total, n_heads, dtype=torch.float32, device=q.device)
@@ -480,7 +630,7 @@ def tree_attention(
     grid = (n_tiles, B, n_kv * splits)
     _tree_attention_kernel[grid](
         q, k_cache, v_cache, out, o_part, lse_part,
-        cu_seqlens_q, positions, block_tables, context_lens, mask_arg, causal_arg,
+        cu_seqlens_q, positions, block_tables, context_lens, mask_arg, causal_arg, order, counts,
         scale * 1.4426950408889634, sliding_window if sliding_window is not None else 0,
         block_size, n_words, head_dim,
         q.stride(0), q.stride(1),
@@ -491,6 +641,7 @@ def tree_attention(
         stride_mt,
         o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part.stride(0), lse_part.stride(1),
+        order.stride(0),
         NUM_SPLITS=splits,
         GROUP=group, TOKENS_PER_TILE=tokens_per_tile,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
@@ -498,6 +649,7 @@ def tree_attention(
         # Off the GPU the interpreter runs the kernel; its bf16 dot is wrong (see _attend_tile).
         UPCAST_DOT=q.dtype == torch.bfloat16 and q.device.type != "cuda",
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        EXACT=exact,
         num_warps=num_warps, num_stages=2,
     )
     if splits > 1:

@@ -1,14 +1,20 @@
-"""The exact path's kernels: ``exact_linear`` against its reference and a row's product bit for
-bit the same in steps of 1, 7, 64 and 256 rows.
+"""The exact path's kernels (docs/DESIGN.md, "The exact path"): ``exact_linear`` against its
+reference and a row's product bit for bit the same in steps of 1, 7, 64 and 256 rows; the exact
+attention (``tree_attention(exact=True)``) against the reference, and a row's output bit for bit
+the same in its own decoding step as in a tree step, a chain or a ragged batch that holds it.
 
 Under the CPU interpreter the dots are numpy's: these checks are necessary there, not
 sufficient; on a GPU (tests/conftest.py runs this file natively) they check the compiled kernels.
 """
 
+import random
+
 import pytest
 import torch
 
 from kernels.exact_linear import TILE, exact_linear, exact_linear_ref
+from kernels.mask import pack_mask
+from kernels.tree_attention import step_order, step_order_ref, tree_attention, tree_attention_ref
 
 # against the fp32 reference rounded once: fp32, another order of the sums; 16-bit, one rounding
 # step (the CPU interpreter truncates to bf16 instead of rounding)
@@ -71,3 +77,170 @@ def test_exact_linear_bad_inputs(bad, match):
     args = {**dict(x=torch.zeros(2, 8), weight=torch.zeros(5, 8), bias=None, out_dtype=None), **bad}
     with pytest.raises(ValueError, match=match):
         exact_linear(**args)
+
+
+# ---- attention ----------------------------------------------------------------------------
+
+N_HEADS, N_KV, HEAD_DIM, BLOCK = 4, 2, 32, 16
+
+
+class Pool:
+    """Sequences' keys, values and queries, laid into a paged cache (shuffled blocks, NaN where
+    no sequence owns a slot) for one attention call."""
+
+    def __init__(self, dtype, seed=0):
+        self.dtype, self.g = dtype, torch.Generator().manual_seed(seed)
+
+    def rand(self, *shape):
+        return torch.randn(*shape, generator=self.g).to(self.dtype)
+
+    def call(self, seqs, window=None, exact=True):
+        """seqs: per sequence (k (L, n_kv, D), v, q (T, H, D), C, positions (T,), parents or None
+        (None: causal)); returns the output rows (T_total, H, D)."""
+        need = [-(-s[0].shape[0] // BLOCK) for s in seqs]
+        n_blocks = sum(need) + 3
+        perm = list(range(n_blocks))
+        random.Random(len(seqs) + n_blocks).shuffle(perm)
+        kc = torch.full((n_blocks, BLOCK, N_KV, HEAD_DIM), float("nan"), dtype=self.dtype)
+        vc = kc.clone()
+        tables = torch.full((len(seqs), max(need) + 1), -1, dtype=torch.int32)
+        used, qs, pos, ctx, cu, masks, causal = 0, [], [], [], [0], [], []
+        T_max = max(s[2].shape[0] for s in seqs)
+        words = -(-T_max // 32)
+        for b, ((k, v, q, C, p, parents), n) in enumerate(zip(seqs, need)):
+            blocks = perm[used:used + n]
+            used += n
+            tables[b, :n] = torch.tensor(blocks, dtype=torch.int32)
+            for j in range(k.shape[0]):
+                kc[blocks[j // BLOCK], j % BLOCK], vc[blocks[j // BLOCK], j % BLOCK] = k[j], v[j]
+            T = q.shape[0]
+            qs.append(q), pos.append(p), ctx.append(C), cu.append(cu[-1] + T)
+            m = torch.zeros(T, words * 32, dtype=torch.bool)
+            if parents is not None:
+                for i, par in enumerate(parents):
+                    if par >= 0:
+                        m[i] = m[par]
+                    m[i, i] = True
+            masks.append(pack_mask(m))
+            causal.append(parents is None)
+        tree = not all(causal)
+        return tree_attention(torch.cat(qs), kc, vc, torch.tensor(cu, dtype=torch.int32),
+                              torch.cat(pos).to(torch.int32), tables, torch.tensor(ctx, dtype=torch.int32),
+                              mask=torch.cat(masks) if tree else None,
+                              causal=torch.tensor(causal) if tree else None, sliding_window=window,
+                              max_seqlen_q=T_max, exact=exact)
+
+
+def tree_case(pool, C, parents):
+    """A tree step over C committed keys, and for each node the decoding step that would hold it
+    had its ancestors been accepted one by one: those as prefix (C + depth keys), the node alone."""
+    T = len(parents)
+    depth = [0] * T
+    for i, p in enumerate(parents):
+        depth[i] = depth[p] + 1 if p >= 0 else 0
+    prefix_k, prefix_v = pool.rand(C, N_KV, HEAD_DIM), pool.rand(C, N_KV, HEAD_DIM)
+    k, v, q = pool.rand(T, N_KV, HEAD_DIM), pool.rand(T, N_KV, HEAD_DIM), pool.rand(T, N_HEADS, HEAD_DIM)
+    tree = (torch.cat([prefix_k, k]), torch.cat([prefix_v, v]), q, C,
+            torch.tensor([C + d for d in depth]), parents)
+    decodes = []
+    for i in range(T):
+        chain, a = [], i
+        while a >= 0:
+            chain.append(a)
+            a = parents[a]
+        chain = chain[::-1]  # root .. i
+        decodes.append((torch.cat([prefix_k, k[chain]]), torch.cat([prefix_v, v[chain]]), q[i:i + 1],
+                        C + len(chain) - 1, torch.tensor([C + depth[i]]), None))
+    return tree, decodes
+
+
+def random_parents(T, seed):
+    r = random.Random(seed)
+    return [-1] + [r.randrange(i) for i in range(1, T)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("C, window", [(51, None), (130, 20)])
+def test_a_tree_row_equals_its_decoding_step(dtype, C, window):
+    """Each node of a tree step (alone, and in a ragged batch beside a prefill and a decode)
+    gives the bits of the decoding step that holds it after its ancestors. A prefix of 51 puts
+    the tree's keys across a 64-key tile boundary; with a window of 20 after 130 keys the first
+    key tile lies outside every row's window (skipped) and the second partly."""
+    pool = Pool(dtype, seed=1)
+    parents = random_parents(24, 3)
+    tree, decodes = tree_case(pool, C, parents)
+    alone = pool.call([tree], window)
+    others = [(pool.rand(30, N_KV, HEAD_DIM), pool.rand(30, N_KV, HEAD_DIM), pool.rand(30, N_HEADS, HEAD_DIM), 0,
+               torch.arange(30), None),  # a prefill
+              (pool.rand(90, N_KV, HEAD_DIM), pool.rand(90, N_KV, HEAD_DIM), pool.rand(1, N_HEADS, HEAD_DIM), 89,
+               torch.tensor([89]), None)]  # a decode
+    batched = pool.call([others[0], tree, others[1]], window)[30:30 + len(parents)]
+    assert torch.equal(alone, batched)
+    for i, d in enumerate(decodes):
+        one = pool.call([d], window)
+        assert torch.equal(alone[i:i + 1], one), (i, (alone[i].float() - one[0].float()).abs().max())
+    ref = tree_attention_ref(*_ref_args(pool, tree), sliding_window=window)  # and the values are right
+    torch.testing.assert_close(alone, ref, **TOL[dtype])
+
+
+def _ref_args(pool, seq):
+    """The reference's arguments for one sequence, laid out plainly (no paging games)."""
+    k, v, q, C, p, parents = seq
+    T, L = q.shape[0], k.shape[0]
+    n = -(-L // BLOCK)
+    kc = torch.zeros(n, BLOCK, N_KV, HEAD_DIM, dtype=pool.dtype)
+    vc = torch.zeros_like(kc)
+    kc.view(-1, N_KV, HEAD_DIM)[:L], vc.view(-1, N_KV, HEAD_DIM)[:L] = k, v
+    m = torch.zeros(T, T, dtype=torch.bool)
+    for i, par in enumerate(parents):
+        if par >= 0:
+            m[i] = m[par]
+        m[i, i] = True
+    return (q, kc, vc, torch.tensor([0, T], dtype=torch.int32), p.to(torch.int32),
+            torch.arange(n, dtype=torch.int32)[None], torch.tensor([C], dtype=torch.int32), pack_mask(m))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_chain_row_equals_its_decoding_step(dtype):
+    """Causal steps (several step tokens per program): each row of a 40-token chain after 100
+    keys, and of a prefill, gives its decoding step's bits."""
+    pool = Pool(dtype, seed=2)
+    parents = [-1] + list(range(39))  # a chain, sent causal
+    tree, decodes = tree_case(pool, 100, parents)
+    chain = tree[:5] + (None,)
+    out = pool.call([chain])
+    for i in (0, 1, 13, 27, 39):
+        assert torch.equal(out[i:i + 1], pool.call([decodes[i]])), i
+    assert torch.equal(out, pool.call([tree]))  # the same chain under a mask: the same bits
+
+
+def test_step_order_matches_ref():
+    r = random.Random(0)
+    T_s = [5, 1, 40, 33]
+    rows = []
+    for T in T_s:
+        m = torch.zeros(T, 64, dtype=torch.bool)
+        m[:, :T] = torch.rand(T, T, generator=torch.Generator().manual_seed(T)) < 0.4
+        rows.append(m)
+    mask = pack_mask(torch.cat(rows))
+    mask[:, 1] |= 1 << r.randrange(31)  # bits past each sequence's T: not keys
+    cu = torch.tensor([0] + T_s, dtype=torch.int32).cumsum(0).to(torch.int32)
+    causal = torch.tensor([False, False, True, False])
+    order, counts = step_order(mask, cu, max(T_s), causal)
+    want_order, want_counts = step_order_ref(mask, cu, causal)
+    live = torch.cat([torch.full((T,), not c, dtype=torch.bool) for T, c in zip(T_s, causal.tolist())])
+    assert torch.equal(counts[live], want_counts[live])
+    for row in live.nonzero().flatten().tolist():
+        n = int(want_counts[row])
+        assert torch.equal(order[row, :n], want_order[row, :n]), row
+
+
+def test_exact_attention_refuses_splits_and_a_wrong_order_table():
+    pool = Pool(torch.float32)
+    tree, _ = tree_case(pool, 3, [-1, 0])
+    args = _ref_args(pool, tree)
+    with pytest.raises(ValueError, match="num_kv_splits"):
+        tree_attention(*args[:7], num_kv_splits=2, exact=True)
+    with pytest.raises(ValueError, match="key_order"):
+        tree_attention(*args, exact=True, key_order=(torch.zeros(2, 31, dtype=torch.int32),
+                                                     torch.zeros(2, dtype=torch.int32)))
