@@ -52,6 +52,9 @@ class Backend(abc.ABC):
 
     # True: ``ngram_match_lists`` searches the host's lists itself (no device mirror helps it)
     searches_on_host = False
+    # True: a row's result does not depend on the step it is in, bit for bit (``TritonBackend``'s
+    # ``exact``): the model then issues every product through kernels/exact_linear.py
+    exact = False
     # True: the model's small steps are one launch each instead of several torch ops: every
     # RMSNorm (``kernels.norm``, the residual add before a layer's second norm included), RoPE
     # and silu * up (``kernels.elementwise``)
@@ -114,21 +117,42 @@ class TorchBackend(Backend):
 
 class TritonBackend(Backend):
     """Triton kernels. On a machine without a GPU they run under Triton's interpreter, which
-    must be switched on (TRITON_INTERPRET=1) before ``kernels`` is first imported."""
+    must be switched on (TRITON_INTERPRET=1) before ``kernels`` is first imported.
+
+    ``exact``: every row of a step is computed as it would be in a step of its own, bit for bit
+    (docs/DESIGN.md, "The exact path"): the model's products and LM head go through
+    ``kernels.exact_linear`` (one tile and K order for every row count), attention walks each
+    row's keys in one order (``tree_attention(exact=True)``), and the small steps are the fused
+    per-row kernels (torch's reductions may change order with the row count). So a verification
+    step's logits are those of plain decoding in any dtype, and greedy drafts give ``ar``'s tokens
+    in bf16 too."""
 
     name = "triton"
 
-    def __init__(self):
+    def __init__(self, exact: bool = False):
+        if not isinstance(exact, bool):
+            raise ValueError(f"exact must be True or False, got {exact!r}")
+        self.exact = exact
+        fused_env = os.environ.get("SPECDEC_FUSED", "1") != "0"
+        if exact and not fused_env:
+            raise ValueError("the exact path needs the fused per-row kernels for RMSNorm, RoPE and silu * up "
+                             "(torch's reductions may change order with a step's rows): unset SPECDEC_FUSED=0")
         # On a GPU the small steps are one launch each (SPECDEC_FUSED=0: the torch ops); under
         # the CPU interpreter the torch ops are far cheaper (tests switch it on to check the
-        # fused forward there)
-        self.fused_ops = not triton_interpreted() and os.environ.get("SPECDEC_FUSED", "1") != "0"
+        # fused forward there), except on the exact path, whose forward is the GPU's everywhere
+        self.fused_ops = fused_env and (exact or not triton_interpreted())
+
+    def plan(self, meta, block_size, sliding_window):
+        # the exact attention's tree rows walk their keys through one table a step, made once
+        if self.exact and meta.mask is not None:
+            return attn_mod.step_order(meta.mask, meta.cu_seqlens_q, meta.max_seqlen_q, meta.causal)
+        return None
 
     def attention(self, q, k_cache, v_cache, meta, scale, sliding_window, plan=None):
         return attn_mod.tree_attention(
             q, k_cache, v_cache, meta.cu_seqlens_q, meta.positions, meta.block_tables, meta.context_lens,
             mask=meta.mask, causal=meta.causal, scale=scale, sliding_window=sliding_window,
-            max_seqlen_q=meta.max_seqlen_q)
+            max_seqlen_q=meta.max_seqlen_q, exact=self.exact, key_order=plan if self.exact else None)
 
     def kv_store(self, k_cache, v_cache, k, v, slot_mapping, plan=None):
         kv_ops.kv_store(k_cache, v_cache, k, v, slot_mapping)
@@ -138,6 +162,9 @@ class TritonBackend(Backend):
 
     def ngram_match(self, tokens, cu_seqlens, **kw):
         return ngram_mod.ngram_match(tokens, cu_seqlens, **kw)
+
+    def __repr__(self) -> str:
+        return f"TritonBackend(exact={self.exact})"
 
 
 def triton_interpreted() -> bool:
@@ -150,15 +177,19 @@ def triton_interpreted() -> bool:
         return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def get_backend(name: str, device: torch.device | str = "cpu") -> Backend:
-    """``name`` in {"torch", "triton"}. Triton on a CPU device needs the interpreter."""
+def get_backend(name: str, device: torch.device | str = "cpu", exact: bool = False) -> Backend:
+    """``name`` in {"torch", "triton"}. Triton on a CPU device needs the interpreter. ``exact``:
+    the Triton kernels' exact path (``TritonBackend``); the torch backend has none."""
     device = torch.device(device)
     if name == "torch":
+        if exact:
+            raise ValueError("the exact path (--exact, exact=True) runs on the Triton kernels, not the torch "
+                             "backend: use --kernel triton (on a CPU it runs interpreted)")
         return TorchBackend()
     if name == "triton":
         if device.type != "cuda" and not triton_interpreted():
             raise ValueError(
                 f"kernel backend 'triton' on device '{device}' needs Triton's interpreter: set "
                 "TRITON_INTERPRET=1 in the environment before importing this package (or use --kernel torch)")
-        return TritonBackend()
+        return TritonBackend(exact=exact)
     raise ValueError(f"kernel backend must be 'torch' or 'triton', got {name!r}")

@@ -221,7 +221,9 @@ def _key(model, context: int) -> dict:
             "head_screen": model.head_screen() is not None,
             # block-quantized products (models/loader.py ``weights``); absent for fp32, so that the
             # curves cached before the option existed still match
-            **({} if (w := getattr(model, "weights", "fp32")) == "fp32" else {"weights": w})}
+            **({} if (w := getattr(model, "weights", "fp32")) == "fp32" else {"weights": w}),
+            # the exact path's kernels (kernels/backend.py TritonBackend); absent when off, likewise
+            **({"exact": True} if model.backend.exact else {})}
 
 
 def step_cost(model, cache_dir: Path | str, context: int = 256, reps: int = 3, measure=None, probe=None,

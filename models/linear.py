@@ -16,6 +16,10 @@ Forms:
   * ``skinny``  kernels/skinny.py: a hand-written AVX2 / AVX-512 kernel for few rows on W itself (x86 CPU,
                 fp32, built with the system C compiler; offered only where it builds). A row's
                 result does not depend on the step's rows.
+  * ``exact``   kernels/exact_linear.py: a Triton kernel with one tile and one K order for every
+                row count, so a row's result does not depend on the step's rows on a GPU either.
+                Not measured against the others: the exact path (``TritonBackend(exact=True)``)
+                gives it to every product at every row count (``EXACT_PLAN``), and nothing else does.
 
 A ``Linear`` given a block-quantized weight (``Linear.quantize``: Q4_1 / Q8_0 for the x86 CPU
 kernels of kernels/quant.py, models/loader.py's ``weights``) has one form, that kernel: its fp32
@@ -29,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.exact_linear import exact_linear
 from kernels.quant import QuantWeight, quant_linear
 from kernels.skinny import skinny_linear
 
@@ -36,7 +41,7 @@ from kernels.skinny import skinny_linear
 # large-GEMM forms win and a decoding step's choice must not be reused
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 256)
 STEP_ROWS = 64  # buckets up to this many rows are decoding steps
-FORMS = ("linear", "wxt", "packed", "skinny")
+FORMS = ("linear", "wxt", "packed", "skinny", "exact")
 
 
 def bucket(m: int) -> int:
@@ -54,6 +59,10 @@ class ProductPlan:
 
     table: list[str]  # len(BUCKETS) forms
     packed: Optional[torch.Tensor] = field(default=None, repr=False)
+
+
+# every row count in the exact kernel: the exact path's plan for every product
+EXACT_PLAN = ProductPlan(["exact"] * len(BUCKETS))
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -78,6 +87,8 @@ def product(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
         return torch.ops.mkldnn._linear_pointwise(x, plan.packed, bias, "none", [], "")
     if form == "skinny":
         return skinny_linear(x.contiguous(), weight, bias)
+    if form == "exact":
+        return exact_linear(x, weight, bias)
     raise ValueError(f"unknown product form {form!r}; known: {', '.join(FORMS)}")
 
 

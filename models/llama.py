@@ -16,10 +16,11 @@ from torch import nn
 
 from kernels import elementwise, quant, skinny
 from kernels.backend import Backend, StepMeta
+from kernels.exact_linear import exact_linear
 from kernels.norm import rms_norm as fused_rms_norm
 from kernels.torch_plan import StepPlan
 from models.config import ModelConfig
-from models.linear import Linear, ProductPlan, bucket, product
+from models.linear import EXACT_PLAN, Linear, ProductPlan, bucket, product
 
 # Parameters, buffers and submodules (re)registered anywhere since import: the whole-stack path
 # walks the layers for its weights only when this moved (the walk costs 0.25 ms, 1% of a step)
@@ -169,6 +170,11 @@ class Transformer(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         self.head_plan: Optional[ProductPlan] = None  # the LM head's product plan (models/tune.py)
+        if backend.exact:  # the exact path: every product in kernels/exact_linear.py, never tuned
+            for m in self.modules():
+                if isinstance(m, Linear):
+                    m.plan = EXACT_PLAN
+            self.head_plan = EXACT_PLAN
 
     @property
     def head_weight(self) -> torch.Tensor:
@@ -209,16 +215,18 @@ class Transformer(nn.Module):
         """The logits (R, vocab) fp32 of the final norm's rows h (R, hidden)."""
         if self.head_quant is not None:
             return quant.quant_linear(h, self.head_quant)
+        if self.head_plan is EXACT_PLAN:  # fp32 logits from the fp32 sums, not rounded to 16 bits first
+            return exact_linear(h, self.head_weight, None, out_dtype=torch.float32)
         return product(h, self.head_weight, None, self.head_plan).float()
 
     def head_screen(self) -> Optional[skinny.HeadScreen]:
         """The LM head's bf16 screen (kernels/skinny.py ``head_topk``: the greedy top-k of the
         logits without computing them) where the active CPU build has one and the head is fp32
         on the CPU; built on first use and again after the weight changed. None elsewhere (a
-        quantized head among them: greedy steps take the argmax of its logits), or with
+        quantized head and the exact path among them: greedy steps take the argmax of its logits), or with
         ``SPECDEC_HEAD_SCREEN=0``."""
         w = self.head_weight
-        if (os.environ.get("SPECDEC_HEAD_SCREEN", "1") == "0" or self.head_quant is not None
+        if (os.environ.get("SPECDEC_HEAD_SCREEN", "1") == "0" or self.head_quant is not None or self.backend.exact
                 or w.device.type != "cpu" or w.dtype != torch.float32
                 or not w.is_contiguous() or not skinny.head_available()):
             return None

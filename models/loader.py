@@ -463,8 +463,10 @@ def load_model(model: Optional[str] = None, backend: Optional[Backend | str] = N
                named_by: Optional[str] = None) -> LoadedModel:
     """``model``: None / "smollm2" (the embedded default), a .gguf file or an HF folder.
     ``backend``: a Backend or its name; None = the Triton kernels on a CUDA device, the torch
-    references elsewhere. ``tune``: issue every matrix product in the form measured fastest on
-    this device (models/tune.py; measured once, cached under ``cache_dir``);
+    references elsewhere (``get_backend("triton", device, exact=True)``: the exact path, whose
+    products are not tuned and whose weights are ``weights="fp32"``). ``tune``: issue every
+    matrix product in the form measured fastest on this device (models/tune.py; measured once,
+    cached under ``cache_dir``);
     ``extra_weight_memory``: whether that may keep a second, packed copy of the weights.
     ``weights``: "fp32", "q8_0" or "native" (the module's docstring); None = native for a GGUF
     file on a CPU with the kernels, else fp32. ``named_by``: the flag that named ``model`` (the
@@ -483,7 +485,7 @@ def load_model(model: Optional[str] = None, backend: Optional[Backend | str] = N
         raise ValueError(f"{_named(model, named_by)}: {e}") from e
     if backend is None or isinstance(backend, str):
         backend = get_backend(backend or ("triton" if device.type == "cuda" else "torch"), device)
-    weights = resolve_weights(weights, dtype, device, gguf=path.suffix == ".gguf")
+    weights = resolve_weights(weights, dtype, device, gguf=path.suffix == ".gguf", exact=backend.exact)
     try:
         if path.suffix == ".gguf":
             cfg, sd, rope_factors, tok = _load_gguf(path, Path(cache_dir))
@@ -501,13 +503,20 @@ def check_weights(weights: Optional[str]) -> None:
         raise ValueError(f"weights must be one of {', '.join(WEIGHTS)} (or None: the default), got {weights!r}")
 
 
-def resolve_weights(weights: Optional[str], dtype: torch.dtype, device: torch.device, gguf: bool = False) -> str:
+def resolve_weights(weights: Optional[str], dtype: torch.dtype, device: torch.device, gguf: bool = False,
+                    exact: bool = False) -> str:
     """``weights`` for a model (from a GGUF file: ``gguf``) on ``device`` in ``dtype``: the
-    default applied (native for a GGUF file where the kernels run, else fp32), and a clear
-    error where a quantized form cannot run."""
+    default applied (native for a GGUF file where the kernels run, else fp32; fp32 on the exact
+    path, ``exact``), and a clear error where a quantized form cannot run."""
     from kernels import skinny
 
     check_weights(weights)
+    if exact:
+        if weights not in (None, "fp32"):
+            raise ValueError(f"weights={weights!r} are block-quantized for the x86 CPU kernels; the exact path "
+                             "multiplies unquantized weights in kernels/exact_linear.py: use weights='fp32' "
+                             "(the model's dtype) or drop the exact path")
+        return "fp32"
     device = torch.device(device)
     kernels = device.type == "cpu" and dtype == torch.float32 and skinny.available()
     if weights is None:
@@ -666,9 +675,9 @@ def from_hf(hf_model, tokenizer=None, *, backend: Optional[Backend | str] = None
         raise ValueError("the transformers model has weights on the meta device (offloaded or not loaded yet)")
     dtype = dtype or param.dtype
     device = torch.device(device) if device is not None else param.device
-    weights = resolve_weights(weights or "fp32", dtype, device)
     if backend is None or isinstance(backend, str):
         backend = get_backend(backend or ("triton" if device.type == "cuda" else "torch"), device)
+    weights = resolve_weights(weights or "fp32", dtype, device, exact=backend.exact)
     gen_eos = getattr(getattr(hf_model, "generation_config", None), "eos_token_id", None)
     for e in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]):
         if e is not None and e not in cfg.eos_token_ids:

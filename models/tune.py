@@ -29,7 +29,7 @@ from typing import Callable, Optional
 
 import torch
 
-from models.linear import BUCKETS, STEP_ROWS, ProductPlan, pack, product
+from models.linear import BUCKETS, EXACT_PLAN, STEP_ROWS, ProductPlan, pack, product
 from models.machine import device_name, write_whole  # noqa: F401 -- also where callers found it
 
 VERSION = 6  # of the measurement, raised whenever it changes: caches of another version are measured again
@@ -90,7 +90,7 @@ def tune_model(model, cache_dir: Path | str, extra_weight_memory: str = "auto", 
     if stack_timer is not None and not callable(stack_timer):
         raise ValueError(f"stack_timer must be None or a callable (fn, reps) -> seconds, got {stack_timer!r}")
     prods = _products(model)
-    if not prods:  # every product quantized: nothing to choose
+    if not prods or model.backend.exact:  # every product quantized, or exact (one form, models/llama.py)
         return {}
     dev, dtype = model.device, model.dtype
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -250,6 +250,8 @@ def describe(model) -> str:
                 "every product kernels/quant.py's")
     if not plans:
         return "untuned (every product plain F.linear)"
+    if all(p.table == EXACT_PLAN.table for p in plans):
+        return "exact: every product and the LM head kernels/exact_linear.py's at every row count"
     parts = []
     for i, b in enumerate(BUCKETS):
         counts: dict[str, int] = {}

@@ -1,0 +1,121 @@
+"""The exact path (``--exact``, ``get_backend("triton", exact=True)``) on a tiny bf16 model:
+every product goes to kernels/exact_linear.py, a row's logits are bit for bit those of the
+decoding step that holds it (in a tree step, in a padded CUDA-graph step), and every method's
+greedy output is ``ar``'s. Under the CPU interpreter (the dots are numpy's) these are necessary,
+not sufficient: the GPU session runs the kernels' own tests natively (bench/gpu_session.sh).
+"""
+
+import os
+
+import pytest
+import torch
+
+from decoding import generate
+from helpers import tiny_hf_model
+from kernels.backend import TritonBackend, get_backend
+from models.linear import EXACT_PLAN, Linear
+from models.loader import from_hf
+from models.runner import ModelRunner, StepInput
+from models.tune import describe, tune_model
+
+GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
+DEVICE = "cuda" if GPU else "cpu"
+
+
+def exact_model(arch="llama", dtype=torch.bfloat16):
+    return from_hf(tiny_hf_model(arch, seed=3), backend=get_backend("triton", DEVICE, exact=True), dtype=dtype,
+                   device=DEVICE).model
+
+
+@pytest.fixture(scope="module")
+def tiny_exact():
+    return exact_model()
+
+
+def test_every_product_and_the_head_take_the_exact_kernel(tiny_exact, tmp_path):
+    lins = [m for m in tiny_exact.modules() if isinstance(m, Linear)]
+    assert lins and all(m.plan is EXACT_PLAN for m in lins) and tiny_exact.head_plan is EXACT_PLAN
+    assert tune_model(tiny_exact, tmp_path) == {} and all(m.plan is EXACT_PLAN for m in lins)  # nothing tuned
+    assert describe(tiny_exact).startswith("exact")
+    assert tiny_exact.backend.fused_ops and tiny_exact.head_screen() is None  # per-row kernels; fp32 logits
+    h = torch.randn(3, tiny_exact.cfg.hidden_size).to(tiny_exact.device, tiny_exact.dtype)
+    assert tiny_exact.head(h).dtype == torch.float32
+
+
+def _prefilled(model, prompt):
+    runner = ModelRunner(model, cache_tokens=256, block_size=4)
+    runner.add_sequence(0)
+    runner.step([StepInput(0, prompt[:-1])])
+    runner.commit({0: list(range(len(prompt) - 1))})
+    return runner
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])  # qwen2: the qkv product's bias
+def test_a_tree_rows_logits_are_its_decoding_steps(arch):
+    """A tree step's rows against plain decoding along the accepted path, bf16: the same bits,
+    and after the path is committed (its K/V moved by the compaction) the next step too."""
+    model = exact_model(arch)
+    prompt = [5, 6, 7, 8, 5, 6, 7, 9, 11]
+    tokens, parents = [9, 3, 4, 5, 6, 7, 8], [-1, 0, 0, 1, 1, 3, 2]  # root 9; path 9 -> 3 -> 5 -> 7
+    path = [0, 1, 3, 5]
+    tree = _prefilled(model, prompt)
+    rows = tree.step([StepInput(0, tokens, depths=[0, 1, 1, 2, 2, 3, 2], parents=parents)])[0]
+    tree.commit({0: path})
+    after_tree = tree.step([StepInput(0, [1])])[0]
+    plain = _prefilled(model, prompt)
+    for r in path:
+        one = plain.step([StepInput(0, [tokens[r]])])[0]
+        assert torch.equal(one[0], rows[r]), (arch, r, (one[0] - rows[r]).abs().max())
+        plain.commit({0: [0]})
+    assert torch.equal(plain.step([StepInput(0, [1])])[0], after_tree)
+
+
+# the padding rows' attention output is never written (they belong to no sequence), so their
+# products multiply whatever memory held: numpy warns of overflow there; they are never returned
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_a_padded_graph_step_gives_the_unpadded_bits(tiny_exact):
+    """CUDA graphs pad a step's rows, batch and max_seqlen_q (models/graphs.py); on the exact
+    path that changes no bit (``capture=False`` runs the padded step eagerly)."""
+    from test_graphs import _runner, _steps
+
+    eager, padded = _runner(tiny_exact, False), _runner(tiny_exact, True)
+    for step in _steps():
+        for w, g in zip(eager.step(step), padded.step(step)):
+            assert torch.equal(g, w)
+        eager.commit({inp.seq_id: [0] for inp in step})
+        padded.commit({inp.seq_id: [0] for inp in step})
+
+
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 9], [1, 2, 3, 1, 2, 3, 1, 2, 3, 4, 5, 6, 1, 2, 3, 11, 12], [40]]
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(tiny_exact):
+    return [generate(tiny_exact, [p], max_new_tokens=12, eos_token_ids=())[0].output_ids for p in PROMPTS]
+
+
+# hybrid: every draft source's trees and a private lookahead window beside them (small configs);
+# pld: chains (slow: the chain's rows are checked bit for bit in tests/test_kernel_exact.py)
+@pytest.mark.parametrize("name", ["hybrid", pytest.param("pld", marks=pytest.mark.slow)])
+def test_bf16_greedy_drafts_give_ars_tokens(tiny_exact, plain_outputs, name):
+    """bf16, a ragged batch of three prompts: the method's tokens are plain greedy decoding's."""
+    from test_decoding import proposer
+
+    got = [r.output_ids for r in generate(tiny_exact, PROMPTS, proposer(name, tiny_exact, small=True),
+                                          max_new_tokens=12, eos_token_ids=())]
+    assert got == plain_outputs
+
+
+def test_the_exact_path_needs_the_triton_backend_and_unquantized_weights(monkeypatch):
+    with pytest.raises(ValueError, match="--kernel triton"):
+        get_backend("torch", exact=True)
+    with pytest.raises(ValueError, match="exact must be"):
+        TritonBackend(exact=1)
+    from models.loader import resolve_weights
+    with pytest.raises(ValueError, match="exact path"):
+        resolve_weights("q8_0", torch.float32, torch.device("cpu"), exact=True)
+    assert resolve_weights(None, torch.float32, torch.device("cpu"), gguf=True, exact=True) == "fp32"
+    monkeypatch.setenv("SPECDEC_FUSED", "0")
+    with pytest.raises(ValueError, match="SPECDEC_FUSED"):
+        TritonBackend(exact=True)
