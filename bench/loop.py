@@ -44,7 +44,8 @@ class Bench:
 
         self.args, self.memory = args, memory
         self.loads: dict[str, dict] = {}
-        backend, dtype = get_backend(args.kernel, args.device), DTYPES[args.dtype]
+        backend = get_backend(args.kernel, args.device, exact=getattr(args, "exact", False))
+        dtype = DTYPES[args.dtype]
         weights = getattr(args, "weights", None)
         self.model, self.tok = self._load("target", lambda: load_model(args.model, backend, dtype, args.device,
                                                                        weights=weights, named_by="--model"))

@@ -276,7 +276,7 @@ def measure(args) -> dict:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = DTYPES[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
     kernel = args.kernel or ("triton" if device.type == "cuda" else "torch")
-    backend = get_backend(kernel, device)
+    backend = get_backend(kernel, device, exact=args.exact)
     if args.model is not None:  # a real model (its shape, its file's blocks with --weights native)
         from models.loader import load_model
         model = load_model(args.model, backend=backend, dtype=dtype, device=device, tune=False,
@@ -495,7 +495,7 @@ def measure(args) -> dict:
                     product_tables=(tables.get("default") if isas == [None] else tables) if tables else None,
                     torch=torch.__version__, triton=triton.__version__,
                     python=platform.python_version(), command=" ".join(sys.argv),
-                    cuda_graphs=bool(args.cuda_graphs),
+                    cuda_graphs=bool(args.cuda_graphs), exact=bool(args.exact),
                     graph_stats=None if runner.graphs is None
                     else dict(runner.graphs.stats, failed=runner.graphs.failed)),
         decode=decode, step_cost=curve, prefill=prefill)
@@ -517,6 +517,7 @@ def markdown(res: dict) -> str:
     lines = [f"# Model speed: {h['shape']} ({'random weights' if not h.get('model') else h['model']}"
              f"{'' if h.get('weights', 'fp32') == 'fp32' else ', weights ' + _format_text(h)})", "",
              f"device {h['device']}, dtype {h['dtype']}, kernels {h['kernel']}"
+             f"{' (exact path: kernels/exact_linear.py products, exact attention)' if h.get('exact') else ''}"
              f"{' (Triton interpreted: not a speed measurement)' if h['triton_interpreted'] else ''}, "
              f"torch {h['torch']}, triton {h['triton']}; weights {h['weight_bytes'] / 1e9:.3f} GB; "
              f"copy bandwidth {h['copy_gbs']:.0f} GB/s (read + write)", "",
@@ -727,6 +728,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cuda-graphs", action="store_true",
                    help="time the runner's step replayed from CUDA graphs (the step ms columns; needs a GPU "
                         "and --kernel triton)")
+    p.add_argument("--exact", action="store_true",
+                   help="the exact path (kernels/backend.py TritonBackend(exact=True)): products and LM head in "
+                        "kernels/exact_linear.py, attention with one key order per row (needs the triton kernels)")
     p.add_argument("--extra-weight-memory", choices=("auto", "on", "off"), default="auto",
                    help="may tuning keep a packed second copy of the weights (default auto: models <= 2 GiB)")
     p.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR), help="where tuning results are cached")
@@ -741,6 +745,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.shape = args.shape or ("mistral-7b" if gpu else "smollm2-135m")
     if args.cuda_graphs and not (gpu and args.kernel != "torch"):
         p.error("--cuda-graphs needs a CUDA device and the triton kernels (not --kernel torch)")
+    if args.exact and (args.kernel or ("triton" if gpu else "torch")) != "triton":
+        p.error("--exact runs on the triton kernels: add --kernel triton (on a CPU they run interpreted)")
+    if args.exact and args.weights not in (None, "fp32"):
+        p.error(f"--exact multiplies unquantized weights: --weights {args.weights} cannot go with it")
     if args.quick:
         args.batch = args.batch or [1, 2]
         args.step_tokens = args.step_tokens or [1, 4, 16]

@@ -176,7 +176,7 @@ RUNS = [
      "fastest (22.4)."),
 ]
 HEADER_KEYS = ("date", "command", "device", "dtype", "weights", "draft model", "kernel", "versions", "max_new_tokens",
-               "batch_size", "sampling", "repeats", "step planner", "suffix store", "cuda graphs", "step cost",
+               "batch_size", "sampling", "repeats", "step planner", "suffix store", "cuda graphs", "exact", "step cost",
                "model loads", "vllm", "vllm loads", "llamacpp", "llamacpp loads", "llamacpp bench")
 
 

@@ -211,6 +211,9 @@ def header(args, device_name: str, memory_kind: str) -> dict:
             + ("; fixed: the host's time per step is not learned, plans are reproducible)" if args.fixed_plan
                else "; the host's time per step learned from the wall clock)")),
         "cuda graphs": "on (models/graphs.py)" if getattr(args, "cuda_graphs", False) else "off",
+        "exact": ("on (--exact: products, LM head and attention in kernels that compute a row the same way in every "
+                  "step; kernels/exact_linear.py, tree_attention exact=True)") if getattr(args, "exact", False)
+                 else "off (products as tuned, e.g. cuBLAS on a GPU: a row's rounding may depend on its step)",
         "emulated step cost": "off" if getattr(args, "emulate_cost", None) is None else f"{args.emulate_cost}",
         "suffix store": ("shared by the run's prompts: each drafts from the finished outputs of those before it "
                          "(--shared-store)") if getattr(args, "shared_store", False) else "per batch (starts empty)",

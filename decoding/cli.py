@@ -75,7 +75,7 @@ def main(argv=None, out=sys.stdout, err=sys.stderr) -> int:
     from kernels.backend import get_backend
     from models.loader import load_model
 
-    backend = get_backend(args.kernel, args.device)
+    backend = get_backend(args.kernel, args.device, exact=args.exact)
     gen = TextGenerator.load(args.model, backend=backend, dtype=DTYPES[args.dtype], device=args.device,
                              weights=args.weights, named_by="--model")
     gen.chat_template = not args.no_chat_template

@@ -37,6 +37,11 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cuda-graphs", action="store_true",
                    help="replay decoding steps from CUDA graphs (needs --device cuda and --kernel triton; "
                         "models/graphs.py)")
+    p.add_argument("--exact", action="store_true",
+                   help="the exact path: every product, the LM head and attention in Triton kernels that compute a "
+                        "row the same way whatever the step holds, so a verification step's logits are plain "
+                        "decoding's bit for bit and greedy drafts give ar's tokens in bf16 too (needs --kernel triton "
+                        "and fp32 --weights; kernels/exact_linear.py)")
 
 
 def add_decoding_flags(p: argparse.ArgumentParser) -> None:
@@ -99,6 +104,13 @@ def check(args: argparse.Namespace, methods: list[str], draft_elsewhere: bool = 
             resolve_weights(args.weights, DTYPES[args.dtype], torch.device(dev))
         except ValueError as e:
             raise ValueError(f"--weights {args.weights}: {e}") from None
+    if getattr(args, "exact", False):
+        if args.kernel != "triton":
+            raise ValueError(f"--exact runs on the Triton kernels: add --kernel triton (got --kernel {args.kernel}"
+                             + ("; on a CPU they run interpreted, slowly" if not gpu else "") + ")")
+        if getattr(args, "weights", None) not in (None, "fp32"):
+            raise ValueError(f"--exact multiplies unquantized weights: --weights {args.weights} cannot go with it "
+                             "(use --weights fp32 or drop it)")
     if getattr(args, "cuda_graphs", False) and not (gpu and args.kernel == "triton"):
         raise ValueError(f"--cuda-graphs needs --device cuda and --kernel triton, got --device {dev} "
                          f"--kernel {args.kernel}")

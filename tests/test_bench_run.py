@@ -36,6 +36,7 @@ def test_user_prompt_file_with_compare_hf(tmp_path, capsys):
     assert len(data["header"]["skipped"]) == 1
     assert {"device", "dtype", "kernel", "model", "versions"} <= set(data["header"])
     assert data["header"]["cuda graphs"] == "off"  # said either way (on: what the graphs did)
+    assert data["header"]["exact"].startswith("off")  # which path computed the products and attention
     origin = data["header"]["step_cost_curve"]["origin"]  # where the planner's curve came from
     assert origin == "measured" or origin.startswith(("cache (checked now: 1 tokens", "measured again (")), origin
     assert data["header"]["step cost"].endswith(origin)

@@ -119,3 +119,15 @@ def test_the_exact_path_needs_the_triton_backend_and_unquantized_weights(monkeyp
     monkeypatch.setenv("SPECDEC_FUSED", "0")
     with pytest.raises(ValueError, match="SPECDEC_FUSED"):
         TritonBackend(exact=True)
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["hi", "--exact", "--kernel", "torch"], "--exact runs on the Triton kernels"),
+    (["hi", "--exact", "--kernel", "triton", "--weights", "q8_0"], "--weights"),
+])
+def test_cli_refuses_exact_where_it_cannot_run(argv, match, capsys):
+    from decoding.cli import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert match in capsys.readouterr().err

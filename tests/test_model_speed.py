@@ -195,6 +195,12 @@ def test_cuda_graphs_flag_needs_a_gpu(capsys):
     assert "--cuda-graphs needs a CUDA device" in capsys.readouterr().err
 
 
+def test_exact_flag_needs_the_triton_kernels(capsys):
+    with pytest.raises(SystemExit):
+        main(["--shape", "tiny", "--exact", "--kernel", "torch"])
+    assert "--exact runs on the triton kernels" in capsys.readouterr().err
+
+
 def test_the_step_cost_cache_key_records_cuda_graphs():
     """A curve measured with graph replay is not reused for eager steps, nor the reverse."""
     from models.cost import _key
