@@ -5,7 +5,7 @@
 #
 # GGUF defaults to /tmp/m/smollm2.gguf (copied there beforehand: a GPU box may have no index), OUTDIR to
 # $OUT (the device tool's return folder) or out/gpu, STEPS to "tests,kernels,speed,e2e" (any comma
-# subset, run in that order; "graphs" and "profile" are not in the default list). Needs the `gguf` wheel (GGUF reading, ours and transformers') and
+# subset, run in that order; "graphs", "profile" and "exact" are not in the default list). Needs the `gguf` wheel (GGUF reading, ours and transformers') and
 # `hypothesis` (the n-gram kernel's property tests) importable there. Each step writes its own
 # log, so a step that fails or runs out of time does not lose the others:
 #   tests    the Triton kernels' unit tests, run natively on the GPU against their references
@@ -14,6 +14,9 @@
 #   graphs   model speed with steps replayed from CUDA graphs (--cuda-graphs) beside eager, SmolLM2 and 7B shapes
 #   profile  one SmolLM2-shape step profiled: host / device ms and launches, eager and replayed
 #   e2e      end to end on the real default model with Triton kernels, beside transformers
+#   exact    the exact path (--exact, issue 53): its tests natively, every method's bf16 greedy identity
+#            to ar with and without --exact (--cuda-graphs --limit 1 --repeats 2), and replayed forward
+#            times with and without it (SmolLM2 and 7B shapes); not in the default list
 # BEFORE_DIR (optional): another checkout of this repository (e.g. `git archive START | tar -x -C
 # .gpu/before`, carried along): the e2e step then runs there first and here second, on the same
 # warm machine, so a change's before / after comes from one device call (e2e_before/, e2e/).
@@ -38,7 +41,7 @@ if step tests; then
     # processes (Triton's cold compiles are host work, one core each)
     FILES=${TEST_FILES:-tests/test_kernel_ngram_match.py tests/test_kernel_kv_ops.py tests/test_kernel_tree_attention.py
         tests/test_kernel_norm.py tests/test_kernel_elementwise.py tests/test_graphs.py tests/test_kernel_compile.py
-        tests/test_kernel_checks.py}
+        tests/test_kernel_checks.py tests/test_kernel_exact.py}
     XDIST=""
     $PY -c "import xdist" 2>/dev/null && XDIST="-n ${TEST_WORKERS:-8}"
     # shellcheck disable=SC2086
@@ -86,5 +89,65 @@ if step e2e; then
     else
         stamp "e2e: skipped, no model at $GGUF"
     fi
+fi
+if step exact; then
+    # Sized for one device call: at most 550 s with every part at its timeout (tests 100, each e2e
+    # run 140, each SmolLM2-shape speed run 35, each 7B-shape one 50), in order of importance.
+    # EXACT_GRAPHS="" and EXACT_E2E_ARGS / EXACT_SPEED_ARGS let a CPU dry run use tiny settings.
+    GRAPHS=${EXACT_GRAPHS---cuda-graphs}
+    stamp "exact tests: start"
+    timeout "${EXACT_TESTS_S:-100}" $PY -m pytest -q -p no:cacheprovider -m "" tests/test_kernel_exact.py \
+        tests/test_exact.py > "$DIR/exact_tests.txt" 2>&1
+    stamp "exact tests: rc $? ($(tail -1 "$DIR/exact_tests.txt"))"
+    if [ -f "$GGUF" ]; then
+        for mode in on off; do  # every method's bf16 greedy output against ar's, with the timings
+            flag=""; [ "$mode" = on ] && flag="--exact"
+            stamp "exact e2e $mode: start"
+            # shellcheck disable=SC2086
+            timeout "${EXACT_E2E_S:-140}" $PY bench/run.py --kernel triton --model "$GGUF" $GRAPHS $flag \
+                --limit 1 --repeats 2 --out "$DIR/exact_e2e_$mode" ${EXACT_E2E_ARGS:-} >> "$LOG" 2>&1
+            stamp "exact e2e $mode: rc $?"
+        done
+    else
+        stamp "exact e2e: skipped, no model at $GGUF"
+    fi
+    for shape in smollm2-135m mistral-7b; do  # replayed forward times, each path in its own run
+        points="--batch 1 --step-tokens 1,2,4,8,16,32,64 --step-batch 1"; secs=${EXACT_SPEED_S:-35}
+        [ "$shape" = mistral-7b ] && points="--batch 1 --step-tokens 1,16,64 --step-batch 1" && secs=${EXACT_7B_S:-50}
+        for mode in on off; do
+            flag=""; [ "$mode" = on ] && flag="--exact"
+            stamp "exact speed $shape $mode: start"
+            # shellcheck disable=SC2086
+            timeout "$secs" $PY bench/model_speed.py --shape $shape --kernel triton $GRAPHS $flag \
+                $points --out "$DIR/exact_speed_${shape}_$mode" ${EXACT_SPEED_ARGS:-} >> "$LOG" 2>&1
+            stamp "exact speed $shape $mode: rc $?"
+        done
+    done
+    # one table: identical to ar and ms per token after the first, without / with --exact
+    $PY - "$DIR" <<'PYEOF' > "$DIR/exact_summary.md" 2>> "$LOG"
+import json, sys
+from pathlib import Path
+from bench.report import summarize
+from bench.results_md import _ms_per_token
+out = Path(sys.argv[1])
+runs = {m: json.loads((out / f"exact_e2e_{m}" / "results.json").read_text())
+        for m in ("off", "on") if (out / f"exact_e2e_{m}" / "results.json").exists()}
+print("| method | identical off | identical on | ms/token off | ms/token on |\n|---|---:|---:|---:|---:|")
+methods = list(dict.fromkeys(r["method"] for d in runs.values() for r in d["records"]))
+for meth in methods:
+    cells = []
+    for key in ("identical", "ms"):
+        for m in ("off", "on"):
+            recs = runs[m]["records"] if m in runs else []
+            s = summarize(recs).get((meth, "all")) if recs else None
+            if key == "identical":
+                cells.append("-" if s is None or s["identical"] is None else f"{s['identical']:.0%}")
+            else:
+                cells.append("-" if s is None else f"{_ms_per_token(recs, meth):.2f}")
+    print(f"| {meth} | " + " | ".join(cells) + " |")
+PYEOF
+    stamp "exact summary: rc $?"
+    cat "$DIR/exact_tests.txt" | tail -3
+    cat "$DIR/exact_summary.md" "$DIR"/exact_speed_*/model_speed.md 2>/dev/null
 fi
 cat "$DIR/kernels.md" "$DIR/speed/model_speed.md" "$DIR"/graphs_*/model_speed.md "$DIR/profile.md" "$DIR/e2e/results.md" 2>/dev/null
