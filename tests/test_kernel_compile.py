@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent("""
     import torch, triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from kernels import elementwise as ew, kv_ops, ngram_match as ng, norm, tree_attention as ta
+    from kernels import elementwise as ew, exact_linear as el, kv_ops, ngram_match as ng, norm, tree_attention as ta
 
     def compile_(fn, types, constexprs, target, num_warps=4):
         sig = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
@@ -46,15 +46,32 @@ SCRIPT = textwrap.dedent("""
             types = {n: "*" + TT[dtype] for n in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr")}
             types.update({n: "*i32" for n in ("cu_seqlens_ptr", "positions_ptr", "block_tables_ptr",
                                               "context_lens_ptr", "mask_ptr")})
-            types.update(causal_ptr="*i8", sm_scale_log2="fp32", o_part_ptr="*fp32", lse_part_ptr="*fp32")
+            types.update(causal_ptr="*i8", sm_scale_log2="fp32", o_part_ptr="*fp32", lse_part_ptr="*fp32",
+                         order_ptr="*i32", count_ptr="*i32")
             compile_(ta._tree_attention_kernel, types, dict(
                 NUM_SPLITS=splits, GROUP=group, TOKENS_PER_TILE=bm // group, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d,
                 MASK_MODE=mode, HAS_WINDOW=window, UPCAST_DOT=False,
-                DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32"), target, warps)
+                DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32", EXACT=False), target, warps)
+            # the exact mode: its own tile, no splits, one step token per program under a mask
+            bm, bn, warps = ta._exact_tile_config(group, block_d, dtype)
+            compile_(ta._tree_attention_kernel, types, dict(
+                NUM_SPLITS=1, GROUP=group, TOKENS_PER_TILE=bm // group if mode == 0 else 1, BLOCK_M=bm, BLOCK_N=bn,
+                BLOCK_D=block_d, MASK_MODE=mode, HAS_WINDOW=window, UPCAST_DOT=False,
+                DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32", EXACT=True), target, warps)
             if splits > 1:
                 compile_(ta._merge_splits_kernel, {"o_part_ptr": "*fp32", "lse_part_ptr": "*fp32",
                          "out_ptr": "*" + TT[dtype], "cu_seqlens_ptr": "*i32"},
                          dict(NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), BLOCK_D=block_d), target)
+        for has_causal, block in ((True, 32), (False, 1024)):
+            compile_(ta._step_order_kernel, {"mask_ptr": "*i32", "cu_seqlens_ptr": "*i32", "causal_ptr": "*i8",
+                     "order_ptr": "*i32", "count_ptr": "*i32"}, dict(HAS_CAUSAL=has_causal, BLOCK=block), target)
+        for dtype, bias, out in ((torch.bfloat16, True, "bf16"), (torch.bfloat16, False, "fp32"),
+                                 (torch.float16, False, "fp16"), (torch.float32, True, "fp32")):
+            bm, bn, bk = el.TILE[dtype]
+            dt = TT[dtype]
+            compile_(el._linear_kernel, {"x_ptr": "*" + dt, "w_ptr": "*" + dt, "b_ptr": "*" + dt, "out_ptr": "*" + out},
+                     dict(HAS_BIAS=bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, UPCAST_DOT=False,
+                          DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32"), target)
         for dt in ("fp32", "bf16"):
             compile_(kv_ops._kv_store_kernel, {"k_ptr": "*" + dt, "v_ptr": "*" + dt, "k_cache_ptr": "*" + dt,
                      "v_cache_ptr": "*" + dt, "slot_mapping_ptr": "*i64"}, dict(BLOCK=1024), target)
