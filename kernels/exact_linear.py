@@ -117,7 +117,7 @@ def exact_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
     if M == 0 or N == 0:
         return out
     if K == 0:
-        return out.copy_(bias.expand(M, N) if bias is not None else torch.zeros(()))
+        return out.copy_(bias.expand(M, N)) if bias is not None else out.zero_()
     bm, bn, bk = TILE[x.dtype]
     _linear_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))](
         x, weight, bias if bias is not None else weight, out,

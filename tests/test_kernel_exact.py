@@ -46,6 +46,8 @@ def test_fp32_logits_from_16_bit_rows_and_strided_rows():
     assert y.dtype == torch.float32 and y.is_contiguous()
     torch.testing.assert_close(y, exact_linear_ref(x, w, out_dtype=torch.float32), rtol=1e-5, atol=1e-5)
     assert exact_linear(torch.zeros(0, 100, dtype=torch.bfloat16), w).shape == (0, 70)
+    b = rand((3,), torch.float32, 3)  # K = 0: the bias alone
+    assert torch.equal(exact_linear(torch.zeros(2, 0), torch.zeros(3, 0), b), b.expand(2, 3))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
