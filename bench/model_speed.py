@@ -486,7 +486,8 @@ def measure(args) -> dict:
     import triton
     return dict(
         header=dict(device=_device_name(device), dtype=str(dtype).removeprefix("torch."), kernel=kernel,
-                    triton_interpreted=kernel == "triton" and triton_interpreted(), shape=args.shape,
+                    triton_interpreted=kernel == "triton" and triton_interpreted(),
+                    shape=args.shape if args.model is None else args.model,  # a real model's own config
                     config={k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "intermediate_size",
                                                          "num_layers", "num_heads", "num_kv_heads", "head_dim")},
                     weight_bytes=wbytes, weights=fmt, quant_bytes=qb, model=args.model,
@@ -514,8 +515,9 @@ def _progress(total: int):
 
 def markdown(res: dict) -> str:
     h = res["header"]
-    lines = [f"# Model speed: {h['shape']} ({'random weights' if not h.get('model') else h['model']}"
-             f"{'' if h.get('weights', 'fp32') == 'fp32' else ', weights ' + _format_text(h)})", "",
+    fmt = "fp32" if h.get("weights", "fp32") == "fp32" else _format_text(h)
+    what = f"weights {fmt}" if h.get("model") else "random weights" + ("" if fmt == "fp32" else f", weights {fmt}")
+    lines = [f"# Model speed: {h.get('model') or h['shape']} ({what})", "",
              f"device {h['device']}, dtype {h['dtype']}, kernels {h['kernel']}"
              f"{' (exact path: kernels/exact_linear.py products, exact attention)' if h.get('exact') else ''}"
              f"{' (Triton interpreted: not a speed measurement)' if h['triton_interpreted'] else ''}, "

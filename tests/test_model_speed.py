@@ -75,7 +75,11 @@ def test_quick_run_writes_tables_and_chart(tmp_path):
     assert res["header"]["copy_gbs"] > 0
     assert json.loads((out / "model_speed.json").read_text())["header"]["shape"] == "tiny"
     assert "Step cost" in (out / "model_speed.md").read_text()
+    assert (out / "model_speed.md").read_text().startswith("# Model speed: tiny (random weights)\n")
     assert (out / "step_cost.png").read_bytes()[:4] == b"\x89PNG"
+    from bench.model_speed import markdown
+    res["header"]["model"] = "qwen2.5-coder-1.5b"  # a real model: its name, not the default shape's
+    assert markdown(res).startswith("# Model speed: qwen2.5-coder-1.5b (weights fp32)\n")
 
 
 def test_each_step_is_set_against_the_measured_roofline(tmp_path):
