@@ -52,7 +52,8 @@ from kernels import cbuild
 SOURCES = [Path(__file__).with_name("cpu") / f for f in ("skinny_gemm.c", "skinny_attention.c", "prefill_attention.c",
                                                                        "skinny_elementwise.c", "skinny_layers.c",
                                                                        "skinny_reduce.c", "roofline.c", "quant_gemm.c")]
-HEADERS = [Path(__file__).with_name("cpu") / "skinny_common.h"]  # in the build hash, not on the command line
+# in the build hash, not on the command line
+HEADERS = [Path(__file__).with_name("cpu") / f for f in ("skinny_common.h", "side_prefetch.h")]
 # -ffp-contract=off: a product and a sum written apart stay apart (the RoPE kernel matches torch bit for bit)
 FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 LIBS = ["-lm"]

@@ -37,7 +37,16 @@
 #include <string.h>
 #include <omp.h>
 
+#include "side_prefetch.h"
+
 enum { QF_Q4_1 = 1, QF_Q8_0 = 2 }; /* kernels/quant.py FORMATS */
+/* A tile requests each panel's bytes this far ahead of its reads, into L2. A thread streams its
+ * panels as a few short runs (a panel is K / 32 x 320 bytes: 5.8 KB at K = 576), each crossing a
+ * 4 KB page, where the hardware prefetchers stop and train again. Over 30 cold weights per run
+ * (bench/results/2026-11-27-cpu-side-prefetch/NOTES.md) 16 KB ahead took 12% off a one-row
+ * (3072 x 576) Q4_1 product and 24% off an 8-row one; 2-4 KB ahead or the L1 hint gained
+ * nothing, 64 KB less than 16. */
+#define QPF 16384
 #define PANEL 16                   /* rows of W a panel holds */
 
 static inline float half_to_float(uint16_t h) {
@@ -203,6 +212,9 @@ typedef struct {
         _Pragma("GCC unroll 8") for (int i = 0; i < R; i++)                                                  \
             _Pragma("GCC unroll 8") for (int j = 0; j < C; j++) acc[i][j] = p_zero();                         \
         for (int64_t b = 0; b < nb; b++) {                                                                    \
+            _Pragma("GCC unroll 8") for (int j = 0; j < C; j++)                                              \
+                _Pragma("GCC unroll 9") for (int o = 0; o < BPB; o += 64)                                    \
+                    _mm_prefetch((const char *)wp[j] + b * BPB + QPF + o, _MM_HINT_T1);                       \
             pint dot[R][C];                                                                                   \
             _Pragma("GCC unroll 8") for (int i = 0; i < R; i++) {                                            \
                 const pint start = p_seti(FMT == 8 && Q8_OFFSET_IN_START ? a->xc[(i0 + i) * nb + b] : 0);     \
@@ -285,10 +297,12 @@ static int q_tile_panels(int64_t M) { return M == 1 ? Q_WIDE : M < Q_MID_ROWS ? 
 
 #define ROWS(F)                                                                                               \
     static void qrows##F(const qrows *a, const uint8_t *W, const float *b, float *y, int64_t M, int64_t N,   \
-                         int64_t K, int64_t p0, int64_t p1) {                                                 \
+                         int64_t K, int64_t p0, int64_t p1, side_stream *sd, int t) {                         \
         const int C = q_tile_panels(M);                                                                       \
+        const int64_t panel_bytes = K / 32 * (F == 4 ? 320 : 544);                                            \
         for (int64_t p = p0; p < p1; p += C) {                                                                \
             const int np = p1 - p < C ? (int)(p1 - p) : C;                                                    \
+            side_prefetch(sd, t, np * panel_bytes);                                                           \
             int64_t m = 0;                                                                                    \
             if (M == 1) {                                                                                     \
                 T_ONE(F)(a, 0, W, b, y, N, K, p, np);                                                         \
@@ -324,6 +338,7 @@ int quant_linear(const float *x, int64_t x_stride, int fmt, const uint8_t *W, co
     const int64_t C = q_tile_panels(M), panels = (N + PANEL - 1) / PANEL, tiles = (panels + C - 1) / C;
     int nt = threads > tiles ? (int)tiles : threads;
     if (nt < 1) nt = 1;
+    side_stream *const sd = skinny_side; /* the calling thread's (thread-local) */
 #pragma omp parallel num_threads(nt)
     {
 #pragma omp for schedule(static)
@@ -333,8 +348,8 @@ int quant_linear(const float *x, int64_t x_stride, int fmt, const uint8_t *W, co
         const int64_t t = omp_get_thread_num(), ntt = omp_get_num_threads();
         const int64_t p0 = tiles * t / ntt * C, p1e = tiles * (t + 1) / ntt * C, p1 = p1e < panels ? p1e : panels;
         if (p0 < p1) {
-            if (fmt == QF_Q4_1) qrows4(&a, W, b, y, M, N, K, p0, p1);
-            else qrows8(&a, W, b, y, M, N, K, p0, p1);
+            if (fmt == QF_Q4_1) qrows4(&a, W, b, y, M, N, K, p0, p1, sd, (int)t);
+            else qrows8(&a, W, b, y, M, N, K, p0, p1, sd, (int)t);
         }
     }
     free(buf);

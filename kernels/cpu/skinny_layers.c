@@ -14,6 +14,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "side_prefetch.h"
+
+__thread side_stream *skinny_side = NULL;
+
 void skinny_linear(const float *x, const float *W, const float *b, float *y, int64_t M, int64_t N, int64_t K,
                    int threads);
 int skinny_attention(const float *q, int64_t q_stride, int T, int H, int KV, int D, const float *kc,
@@ -77,6 +81,27 @@ static int product(int fmt, const float *x, const void *W, const void *b, float 
     return quant_linear(x, K, fmt, W, b, y, M, N, K, threads) == 0 ? 0 : -1;
 }
 
+/* bytes a product streams from its weight where it requests side lines (the quantized products,
+ * quant_gemm.c's panels: 16 rows, per 32 weights 320 bytes in Q4_1, 544 in Q8_0); 0 elsewhere */
+static int64_t side_bytes(int fmt, int64_t N, int64_t K) {
+    return fmt == 0 ? 0 : (N + 15) / 16 * (K / 32) * (fmt == 1 ? 320 : 544);
+}
+
+/* Points the stream at layer w's pools, for the attention after `window` bytes of products: each
+ * thread's regions are its share of each sequence's cache blocks, as the attention's ranges of
+ * tasks split them (the first share to thread 0). Asked to finish a little before the window
+ * ends (x1.15), so that the last lines have arrived. Returns the stream, or NULL where nothing
+ * streams. */
+static side_stream *side_start(side_stream *sd, const skinny_layer *w, const skinny_step *s, int64_t window) {
+    const int64_t total = sd->first[sd->nt];
+    if (window <= 0 || total == 0) return NULL;
+    sd->k = (const char *)w->k_cache;
+    sd->v = (const char *)w->v_cache;
+    sd->ratio = 1.15f * (float)(2 * total * sd->region_lines) / ((float)window / 64);
+    for (int t = 0; t < sd->nt; t++) sd->cur[t] = (side_cursor){sd->first[t], 0, 0.0f, {0}};
+    return sd;
+}
+
 static void add_into(float *h, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) h[i] = h[i] + y[i];
 }
@@ -88,9 +113,32 @@ int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skin
     float *x = malloc(sizeof(float) * (size_t)T * d), *y = malloc(sizeof(float) * (size_t)T * d);
     float *qkv = malloc(sizeof(float) * (size_t)(T * nq)), *o = malloc(sizeof(float) * (size_t)T * H * D);
     float *gu = malloc(sizeof(float) * (size_t)T * 2 * I), *act = malloc(sizeof(float) * (size_t)T * I);
-    int rc = (x && y && qkv && o && gu && act) ? 0 : -1;
+    /* the side stream's regions: the cache blocks of every sequence's keys, split per thread */
+    int64_t n_blocks = 0;
+    for (int b = 0; b < s->n_seq; b++) n_blocks += (s->seq_len[b] + s->block_size - 1) / s->block_size;
+    const int snt = s->threads < 1 ? 1 : s->threads > SIDE_MAXT ? SIDE_MAXT : s->threads;
+    side_stream *sd = aligned_alloc(64, (sizeof(side_stream) + 63) / 64 * 64);
+    int64_t *soff = malloc(sizeof(int64_t) * (size_t)(n_blocks + snt + 2));
+    int rc = (x && y && qkv && o && gu && act && sd && soff) ? 0 : -1;
+    if (rc == 0) {
+        int64_t *first = soff + n_blocks, i = 0;
+        const int64_t region = (int64_t)s->block_size * KV * D * (int64_t)sizeof(float);
+        for (int t = 0; t < snt; t++) {
+            first[t] = i;
+            for (int b = 0; b < s->n_seq; b++) {
+                const int64_t nb = (s->seq_len[b] + s->block_size - 1) / s->block_size;
+                for (int64_t j = nb * t / snt; j < nb * (t + 1) / snt; j++) soff[i++] = s->seq_blocks[b][j] * region;
+            }
+        }
+        first[snt] = i;
+        sd->off = soff;
+        sd->first = first;
+        sd->region_lines = region / 64;
+        sd->nt = snt;
+    }
     for (int l = 0; l < n_layers && rc == 0; l++) {
         const skinny_layer *w = layers + l;
+        if (l == 0) skinny_side = side_start(sd, w, s, side_bytes(w->fmt[0], nq, d));
         PHASE(P_NORM, skinny_rms_norm(h, w->attn_norm, x, T, d, s->eps));
         PHASE(P_QKV, rc = product(w->fmt[0], x, w->wqkv, w->bqkv, qkv, T, nq, d, s->threads));
         if (rc) break;
@@ -104,6 +152,7 @@ int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skin
                        sizeof(float) * (size_t)(KV * D));
             }
         });
+        skinny_side = NULL;
         PHASE(P_ATTN, {
             for (int b = 0; b < s->n_seq && rc == 0; b++) {
                 const int r0 = s->seq_start[b], rn = s->seq_start[b + 1] - r0;
@@ -113,6 +162,12 @@ int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skin
             }
         });
         if (rc) break;
+        if (l + 1 < n_layers) {
+            const skinny_layer *n = w + 1;
+            skinny_side = side_start(sd, n, s, side_bytes(w->fmt[1], d, (int64_t)H * D) +
+                                                   side_bytes(w->fmt[2], 2 * (int64_t)I, d) +
+                                                   side_bytes(w->fmt[3], d, I) + side_bytes(n->fmt[0], nq, d));
+        }
         PHASE(P_O, rc = product(w->fmt[1], o, w->wo, NULL, y, T, d, (int64_t)H * D, s->threads));
         if (rc) break;
         PHASE(P_ADD, add_into(h, y, (int64_t)T * d));
@@ -124,6 +179,9 @@ int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skin
         if (rc) break;
         PHASE(P_ADD, add_into(h, y, (int64_t)T * d));
     }
+    skinny_side = NULL;
+    free(sd);
+    free(soff);
     free(x);
     free(y);
     free(qkv);
