@@ -108,12 +108,13 @@ RUNS = [
      "run, the time to the first token of the 541-1,475-token prompts fell 4-17%; the decoding steps do not use "
      "the kernel. The run's NOTES.md has the kernel against SDPA (1.3-2.3x) and the prefill alone (8-16% less "
      "time). Texts and token ids removed from the JSON."),
-    ("bench/results/2026-11-27-cpu-native-llamacpp/results.json",
-     "Our methods on the quantized path (--weights native: the GGUF's Q4_1 / Q8_0 blocks, int8 activations; "
-     "opt-in) beside llama.cpp on the same file, prompts and 2 threads, one round, the machine otherwise idle. "
-     "Decoding: our ar 1.51x llama.cpp plain, pld 1.81x llama.cpp's best. On this path a tree method's output "
-     "can differ from ar's (here suffix 4 of 5 identical): the default stays fp32. The compiled planner and "
-     "packing ran (host path in the header)."),
+    ("bench/results/2026-11-27-cpu-side-prefetch/llamacpp/results.json",
+     "Our methods on the default quantized path (the GGUF's Q4_1 / Q8_0 blocks, int8 activations) beside "
+     "llama.cpp on the same file, prompts and 2 threads, one round, after the quantized products requested "
+     "their panels ahead and the layer stack streamed each attention's keys and values during the products "
+     "before it. Decoding: our ar 1.52x llama.cpp plain, suffix 2.21x llama.cpp's best speculation (2.02x its "
+     "plain decoding). Every output of ours identical to ar's. The run's NOTES.md has the alternated "
+     "before / after runs (e2e-*) and the forward's phases."),
     ("bench/results/2026-11-27-cpu-qwen-native/native/results.json",
      "The Qwen2.5-Coder pair on the default quantized path (native: every product of these Q4_K_M files Q8_0, "
      "the 0.5B's LM head its own Q8_0 blocks; int8 activations), one prompt per task, one round. Every output "
