@@ -296,7 +296,7 @@ def measure(args) -> dict:
                          graphs=args.cuda_graphs)
     timer = make_timer(device, args.reps)
     wbytes = weight_bytes(model) if qb is None else qb["products"] + qb["other"]  # embedding rows: per step
-    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.finfo(dtype).bits // 8
+    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * runner.cache.k.element_size()
     vocab = cfg.vocab_size
     gen = torch.Generator().manual_seed(0)
     copy_gbs = copy_bandwidth(device, timer, args.copy_mb << 20)

@@ -320,6 +320,8 @@ def _run(args, records: list[dict], head: dict, memory, device_name: str, total:
     from models.tune import describe
 
     head["products"] = describe(bench.model)
+    head["kv cache"] = (f"{str(bench.model.kv_cache_dtype()).removeprefix('torch.')} (fp16 where the products are "
+                        "quantized on a CPU: Transformer.kv_cache_dtype)")
     if bench.draft is not None:
         head["draft model"] = f"{bench.draft_line}; {describe(bench.draft)}"
     if bench.emulation is not None:

@@ -145,10 +145,15 @@ def _declare(lib: ctypes.CDLL) -> None:
                                      + [ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float,
                                         ctypes.c_void_p, ctypes.c_int])
     lib.skinny_attention.restype = ctypes.c_int
+    lib.skinny_attention_kv16.argtypes = lib.skinny_attention.argtypes
+    lib.skinny_attention_kv16.restype = ctypes.c_int
+    lib.skinny_kv16_available.restype = ctypes.c_int
     lib.prefill_attention.argtypes = ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_int] * 4 + [ctypes.c_void_p] * 3
                                       + [ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p,
                                          ctypes.c_int])
     lib.prefill_attention.restype = ctypes.c_int
+    lib.prefill_attention_kv16.argtypes = lib.prefill_attention.argtypes
+    lib.prefill_attention_kv16.restype = ctypes.c_int
     lib.prefill_attention_dim_multiple.argtypes = []
     lib.prefill_attention_dim_multiple.restype = ctypes.c_int
     lib.prefill_attention_work.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int]
@@ -347,6 +352,13 @@ def skinny_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
 
 
 MAX_GROUP = 16  # query heads per kv head the attention kernel takes
+KV_DTYPES = (torch.float32, torch.float16)  # the caches the attention kernels and the layer stack read
+
+
+def kv16_available() -> bool:
+    """Whether the active build reads fp16 KV caches (it needs F16C; every AVX2 CPU we know has it)."""
+    lib = _load()
+    return lib is not None and bool(lib.skinny_kv16_available())
 
 
 def _check_paged(q, k_cache, v_cache, multiple: int, max_dim: Optional[int], max_group: int) -> tuple[int, ...]:
@@ -360,9 +372,13 @@ def _check_paged(q, k_cache, v_cache, multiple: int, max_dim: Optional[int], max
         raise ValueError(f"head_dim must match ({d} vs {dk}) and be a multiple of {multiple}"
                          f"{'' if max_dim is None else f' and at most {max_dim}'}, heads a multiple of kv heads "
                          f"with at most {max_group} per kv head; got H={h}, KV={kv}")
-    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if x.dtype != torch.float32 or x.device.type != "cpu":
-            raise ValueError(f"{name} must be a float32 CPU tensor, got {x.dtype} on {x.device}")
+    if q.dtype != torch.float32 or q.device.type != "cpu":
+        raise ValueError(f"q must be a float32 CPU tensor, got {q.dtype} on {q.device}")
+    kinds = KV_DTYPES if kv16_available() else (torch.float32,)
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.dtype not in kinds or x.dtype != k_cache.dtype or x.device.type != "cpu":
+            raise ValueError(f"{name} must be a {' or '.join(map(str, kinds))} CPU tensor (k_cache's dtype), got "
+                             f"{x.dtype} on {x.device}")
     if q.stride(2) != 1 or q.stride(1) != d or not k_cache.is_contiguous() or not v_cache.is_contiguous():
         raise ValueError("q's heads and dims and the caches must be contiguous")
     return t, h, d
@@ -412,10 +428,12 @@ def attention_unchecked(q, k_cache, v_cache, block_ids, length, mask, causal, sc
     t, h, d = q.shape
     lib = _lib or _require()
     out = torch.empty(t, h, d, dtype=torch.float32)
-    rc = lib.skinny_attention(q.data_ptr(), q.stride(0), t, h, k_cache.shape[2], d, k_cache.data_ptr(),
-                               v_cache.data_ptr(), block_ids.data_ptr(), k_cache.shape[1], length,
-                               None if mask is None else mask.data_ptr(), int(causal), scale, out.data_ptr(),
-                               threads or torch.get_num_threads())
+    fn = lib.skinny_attention if k_cache.dtype == torch.float32 else lib.skinny_attention_kv16
+    rc = fn(q.data_ptr(), q.stride(0), t, h, k_cache.shape[2], d, k_cache.data_ptr(), v_cache.data_ptr(),
+            block_ids.data_ptr(), k_cache.shape[1], length, None if mask is None else mask.data_ptr(), int(causal),
+            scale, out.data_ptr(), threads or torch.get_num_threads())
+    if rc == -2:
+        raise ValueError(f"skinny_attention refused its shape or cache ({k_cache.dtype}; T={t}, length={length})")
     if rc != 0:
         raise MemoryError(f"skinny_attention could not allocate its buffers (T={t}, length={length})")
     return out
@@ -469,9 +487,9 @@ def prefill_unchecked(q, k_cache, v_cache, block_ids, length, scale, threads=Non
     if work is None or work.numel() < need:
         work = _work.buf = torch.empty(need, dtype=torch.float32)
     out = torch.empty(t, h, d, dtype=torch.float32)
-    rc = lib.prefill_attention(q.data_ptr(), q.stride(0), t, h, kv, d, k_cache.data_ptr(), v_cache.data_ptr(),
-                               block_ids.data_ptr(), k_cache.shape[1], length, scale, out.data_ptr(), work.data_ptr(),
-                               threads or torch.get_num_threads())
+    fn = lib.prefill_attention if k_cache.dtype == torch.float32 else lib.prefill_attention_kv16
+    rc = fn(q.data_ptr(), q.stride(0), t, h, kv, d, k_cache.data_ptr(), v_cache.data_ptr(), block_ids.data_ptr(),
+            k_cache.shape[1], length, scale, out.data_ptr(), work.data_ptr(), threads or torch.get_num_threads())
     if rc != 0:
         raise ValueError(f"prefill_attention refused its shape (T={t}, H={h}, KV={kv}, D={d}, length={length})")
     return out
@@ -558,7 +576,8 @@ class StepArgs(ctypes.Structure):
     _fields_ = ([(n, ctypes.c_int) for n in ("T", "d", "H", "KV", "D", "I", "n_seq", "block_size", "threads")]
                 + [("eps", ctypes.c_float), ("scale", ctypes.c_float)]
                 + [(n, ctypes.c_void_p) for n in ("cos", "sin", "slots", "seq_start", "seq_len", "seq_blocks",
-                                                  "seq_mask")])
+                                                  "seq_mask")]
+                + [("kv_half", ctypes.c_int)])
 
 
 def layers_unchecked(h: torch.Tensor, layers, n_layers: int, step: StepArgs) -> torch.Tensor:

@@ -128,7 +128,8 @@ def attention_planned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     compute = torch.float32 if q.dtype != torch.float32 else None  # fp32 math, as the reference
     small = (q.dtype == torch.float32 and q.device.type == "cpu" and head_dim % 8 == 0
              and q.stride(2) == 1 and q.stride(1) == head_dim
-             and q.shape[1] // n_kv <= skinny.MAX_GROUP and k_cache.is_contiguous() and skinny.available())
+             and q.shape[1] // n_kv <= skinny.MAX_GROUP and k_cache.is_contiguous() and skinny.available()
+             and (k_cache.dtype == torch.float32 or (k_cache.dtype == torch.float16 and skinny.kv16_available())))
     # the prefill kernel where the skinny one is not taken (a step of few rows after a prefix stays
     # on the skinny kernel: models/llama.py runs those steps' whole layer stack in one C call)
     prefill = small and q.shape[1] // n_kv <= skinny.MAX_PREFILL_GROUP and head_dim % skinny.prefill_dim_multiple() == 0
@@ -152,6 +153,8 @@ def attention_planned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         qs = q[sp.start:sp.end].transpose(0, 1)[None]  # (1, H, T, D)
         if compute is not None:
             qs, k, v = qs.to(compute), k.to(compute), v.to(compute)
+        elif k.dtype != qs.dtype:  # an fp16 cache beside fp32 rows: widened (exactly)
+            k, v = k.to(qs.dtype), v.to(qs.dtype)
         o = torch.nn.functional.scaled_dot_product_attention(qs, k, v, attn_mask=sp.mask, is_causal=sp.causal,
                                                              scale=scale, enable_gqa=gqa)
         outs.append(o[0].transpose(0, 1))  # (T, H, D)

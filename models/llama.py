@@ -160,6 +160,7 @@ class Transformer(nn.Module):
     # with block-quantized weights (each Linear's ``quant``, the LM head's ``head_quant``)
     weights = "fp32"
     head_quant: Optional[quant.QuantWeight] = None
+    kv_dtype: Optional[torch.dtype] = None  # the KV cache's dtype where set; None: kv_cache_dtype() chooses
 
     def __init__(self, cfg: ModelConfig, backend: Backend):
         super().__init__()
@@ -211,6 +212,20 @@ class Transformer(nn.Module):
         h = fused_rms_norm(h, self.norm, eps) if self.backend.fused_ops else rms_norm(h, self.norm, eps)
         return h if hidden else self.head(h)
 
+    def kv_cache_dtype(self) -> torch.dtype:
+        """The dtype a runner's KV cache takes: ``kv_dtype`` where set; fp16 on a CPU where the
+        products are block-quantized (``weights`` native or q8_0: their forwards read the weights
+        in a quarter of fp32's bytes, so the cache's bytes count) and the torch backend's C kernels
+        read fp16 caches; else the model's dtype (the Triton kernels read the rows' dtype;
+        ``--weights fp32`` keeps fp32 K/V, to compare with transformers number for number). Every
+        method reads the same rounded K/V, so greedy outputs stay ``ar``'s."""
+        if self.kv_dtype is not None:
+            return self.kv_dtype
+        if (self.head_quant is not None and self.device.type == "cpu" and self.dtype == torch.float32
+                and self.backend.name == "torch" and skinny.kv16_available()):
+            return torch.float16
+        return self.dtype
+
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """The logits (R, vocab) fp32 of the final norm's rows h (R, hidden)."""
         if self.head_quant is not None:
@@ -243,7 +258,8 @@ class Transformer(nn.Module):
         Updates h in place;
         False: nothing was done, use the per-op path."""
         cfg = self.cfg
-        if not (isinstance(plan, StepPlan) and _skinny_ok(h) and k_cache.dtype == torch.float32
+        if not (isinstance(plan, StepPlan) and _skinny_ok(h)
+                and (k_cache.dtype == torch.float32 or (k_cache.dtype == torch.float16 and skinny.kv16_available()))
                 and k_cache.is_contiguous() and v_cache.is_contiguous() and cos.dtype == torch.float32
                 and cfg.head_dim % 16 == 0 and cfg.num_heads // cfg.num_kv_heads <= skinny.MAX_GROUP):
             return False
@@ -265,7 +281,7 @@ class Transformer(nn.Module):
                                cfg.intermediate_size, len(seqs), k_cache.shape[2], torch.get_num_threads(),
                                cfg.rms_norm_eps, cfg.head_dim ** -0.5, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
                                seq_start.data_ptr(), seq_len.data_ptr(), ctypes.addressof(blocks),
-                               ctypes.addressof(masks))
+                               ctypes.addressof(masks), int(k_cache.dtype == torch.float16))
         skinny.layers_unchecked(h, ptrs, len(self.layers), step)
         return True
 

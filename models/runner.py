@@ -84,7 +84,8 @@ class ModelRunner:
         self.model = model
         self.cfg = model.cfg
         self.device = model.device
-        self.cache = PagedKVCache(model.cfg, -(-cache_tokens // block_size), block_size, model.dtype, self.device)
+        self.cache = PagedKVCache(model.cfg, -(-cache_tokens // block_size), block_size, model.kv_cache_dtype(),
+                                  self.device)
         options = getattr(model, "step_graphs", None)
         if graphs is None:
             graphs = options is not None

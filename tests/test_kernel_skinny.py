@@ -314,6 +314,49 @@ def test_attention_bad_input_is_named():
         skinny.skinny_attention(q.double(), kc, kc, ids, 10)
 
 
+@pytest.mark.parametrize("t,h,kv,d,length,bs", [(1, 9, 3, 64, 300, 16), (5, 4, 2, 16, 37, 4), (17, 6, 1, 24, 70, 8),
+                                               (2, 2, 1, 264, 50, 16)])
+@pytest.mark.parametrize("mode", ["mask", "causal"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_over_fp16_caches_is_the_fp32_kernel_over_the_same_numbers(t, h, kv, d, length, bs, mode, threads,
+                                                                             isa):
+    """fp16 pools (the quantized path's KV cache) are widened exactly: every output is bit for
+    bit the fp32 kernel's over fp32 pools holding the same numbers, whatever the mask, the rows
+    and the threads. So the fp16 cache keeps every property the fp32 kernel is tested for."""
+    if not skinny.kv16_available():
+        pytest.skip("this build has no F16C")
+    g = torch.Generator().manual_seed(t * 7 + length)
+    n = -(-length // bs)
+    k16 = torch.randn(n + 3, bs, kv, d, generator=g).half()
+    v16 = torch.randn(n + 3, bs, kv, d, generator=g).half()
+    ids = torch.randperm(n + 3, generator=g)[:n].int()
+    q = torch.randn(t, h + 2 * kv, d, generator=g)[:, :h]
+    mask = torch.rand(t, length, generator=g) < 0.6 if mode == "mask" else None
+    args = (ids, length, mask, mode == "causal", 0.2, threads)
+    got = skinny.skinny_attention(q, k16, v16, *args)
+    assert torch.equal(got, skinny.skinny_attention(q, k16.float(), v16.float(), *args))
+
+
+@pytest.mark.parametrize("t,prefix", [(1, 0), (7, 50), (130, 0), (45, 13)])
+def test_prefill_over_fp16_caches_is_the_fp32_kernel_over_the_same_numbers(t, prefix, isa):
+    if not skinny.kv16_available():
+        pytest.skip("this build has no F16C")
+    g = torch.Generator().manual_seed(t + prefix)
+    k_cache, v_cache, ids = paged(g, prefix + t, 16, 3, 64)
+    k16, v16 = k_cache.half(), v_cache.half()
+    q = torch.randn(t, 15, 64, generator=g)[:, :9]
+    got = skinny.prefill_attention(q, k16, v16, ids, prefix + t, 0.2)
+    assert torch.equal(got, skinny.prefill_attention(q, k16.float(), v16.float(), ids, prefix + t, 0.2))
+
+
+def test_attention_cache_dtypes_are_named():
+    q, ids = torch.randn(2, 4, 16), torch.tensor([0, 1], dtype=torch.int32)
+    kc = torch.randn(4, 8, 2, 16)
+    for k, v in ((kc.bfloat16(), kc.bfloat16()), (kc.half(), kc), (kc, kc.double())):
+        with pytest.raises(ValueError, match="k_cache's dtype|v_cache must be|k_cache must be"):
+            skinny.skinny_attention(q, k, v, ids, 10)
+
+
 # ---- elementwise steps of the forward ----------------------------------------------------------
 def paged(g, length, bs, kv, d, spare=3):
     """Random caches with the sequence's blocks shuffled among spare ones, and its int32 ids."""

@@ -334,7 +334,9 @@ def test_a_quantized_model_is_set_against_its_bytes_and_the_int8_peak(tmp_path):
     kind = skinny.int8_kind()
     assert h["weights"] == "q8_0" and list(roof["int8_peak_gops"]) == [kind] and roof["int8_peak_gops"][kind] > 0
     assert h["weight_bytes"] == qb["products"] + qb["other"] == 382_976 + 2_560
-    assert h["kv_bytes_per_token"] == 2 * 2 * 2 * 32 * 4  # K and V, layers, kv heads, head_dim, fp32
+    # K and V, layers, kv heads, head_dim, fp16 (the cache beside quantized products: Transformer.kv_cache_dtype)
+    kv_key = 2 * 2 * 2 * 32 * (2 if skinny.kv16_available() else 4)
+    assert h["kv_bytes_per_token"] == kv_key
     layer, head = h["layer_flops_per_row"], h["head_flops_per_row"]
     int8, fp32 = roof["int8_peak_gops"][kind], max(roof["peak_gflops"].values())
     rows = [dict(r, step_tokens=1) for r in res["decode"]] + res["step_cost"]
@@ -343,9 +345,9 @@ def test_a_quantized_model_is_set_against_its_bytes_and_the_int8_peak(tmp_path):
         keys = r["batch"] * (64 + r["step_tokens"])  # context 64 (--quick)
         attention = 4 * 2 * 4 * 32 * n * (64 + r["step_tokens"])
         wbytes = h["weight_bytes"] + n * 512
-        floor = max((wbytes + keys * 1024) / (r["bandwidth_gbs"] * 1e9),
+        floor = max((wbytes + keys * kv_key) / (r["bandwidth_gbs"] * 1e9),
                     n * (layer + head) / (int8 * 1e9) + attention / (fp32 * 1e9)) * 1e3
-        assert r["int8_peak"] == kind and r["floor_weight_bytes"] == wbytes and r["floor_kv_bytes"] == keys * 1024
+        assert r["int8_peak"] == kind and r["floor_weight_bytes"] == wbytes and r["floor_kv_bytes"] == keys * kv_key
         assert r["roofline_ms"] == pytest.approx(floor) and r["vs_roofline"] == pytest.approx(r["forward_ms"] / floor)
     (p,) = res["prefill"]
     chunks = -(-300 // p["chunk"])

@@ -55,12 +55,17 @@ def test_quantized_forward_matches_the_reference(arch, monkeypatch):
         with monkeypatch.context() as m:
             m.setattr(llama_mod.Transformer, "_whole_stack", spy)
             out = runner.step([StepInput(0, tokens, parents=parents)])[0]
+        caches.append(runner.cache)
         return out, calls
 
+    caches = []
     got, calls = logits(True)
     assert calls == [True]  # the tree step ran as one C call
     per_op, _ = logits(False)
     assert torch.equal(got, per_op)  # the stack is the per-op path, bit for bit
+    # and so are the K/V it stored: fp16 here (kv_cache_dtype), rounded in C as torch rounds them
+    assert caches[0].k.dtype == (torch.float16 if skinny.kv16_available() else torch.float32)
+    assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
 
     def ref_linear(x, w, bias=None):
         return quant.quant_linear_ref(x, w, bias)
@@ -68,6 +73,21 @@ def test_quantized_forward_matches_the_reference(arch, monkeypatch):
     monkeypatch.setattr(quant, "quant_linear", ref_linear)
     ref, _ = logits(False)
     torch.testing.assert_close(got, ref, atol=1e-3 * ref.abs().max().item(), rtol=0)
+
+
+def test_the_kv_cache_dtype_follows_the_products():
+    """fp16 K/V where the products are quantized on a CPU (half the bytes a step's attention
+    reads), fp32 with fp32 weights (the path compared with transformers), and what
+    ``kv_dtype`` says where it is set."""
+    q8, fp32 = tiny(), tiny(weights="fp32")
+    want = torch.float16 if skinny.kv16_available() else torch.float32
+    assert q8.kv_cache_dtype() == want and ModelRunner(q8, cache_tokens=64, block_size=4).cache.k.dtype == want
+    assert fp32.kv_cache_dtype() == torch.float32
+    q8.kv_dtype = torch.float32
+    try:
+        assert ModelRunner(q8, cache_tokens=64, block_size=4).cache.v.dtype == torch.float32
+    finally:
+        q8.kv_dtype = None
 
 
 @pytest.fixture(scope="module")

@@ -185,9 +185,9 @@ int prefill_attention_dim_multiple(void) { return DV * VL; }
 
 int64_t prefill_attention_work(int64_t L, int KV, int D) { return (L + KC - 1) / KC * KC * KV * D * 2; }
 
-int prefill_attention(const float *q, int64_t q_stride, int T, int H, int KV, int D, const float *kc, const float *vc,
-                      const int32_t *blocks, int block_size, int64_t L, float scale, float *out, float *work,
-                      int threads) {
+static int prefill(const float *q, int64_t q_stride, int T, int H, int KV, int D, const void *kc, const void *vc,
+                   const int32_t *blocks, int block_size, int64_t L, float scale, float *out, float *work, int threads,
+                   int half) {
     if (D % (DV * VL) || D > MAXD || H % KV || H / KV > MAXM || L < T || T < 1) return 1;
     const int G = H / KV;
     const int R = G >= QBLOCK ? 1 : (QBLOCK + G - 1) / G; /* rows per task */
@@ -211,9 +211,22 @@ int prefill_attention(const float *q, int64_t q_stride, int T, int H, int KV, in
                     continue;
                 }
                 const int64_t slot = ((int64_t)blocks[j / block_size] * block_size + j % block_size) * KV + g;
-                const float *kr = kc + slot * D;
+                if (half) { /* fp16 pools: widened exactly as they are packed */
+#ifdef __F16C__
+                    const uint16_t *kr = (const uint16_t *)kc + slot * D, *vr = (const uint16_t *)vc + slot * D;
+                    float row[MAXD];
+                    for (int d = 0; d < D; d += 8)
+                        _mm256_storeu_ps(row + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kr + d))));
+                    for (int d = 0; d < D; d++) kt[(int64_t)d * KN + jj] = row[d];
+                    for (int d = 0; d < D; d += 8)
+                        _mm256_storeu_ps(vp + (int64_t)jj * D + d,
+                                         _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vr + d))));
+#endif
+                    continue;
+                }
+                const float *kr = (const float *)kc + slot * D;
                 for (int d = 0; d < D; d++) kt[(int64_t)d * KN + jj] = kr[d];
-                memcpy(vp + (int64_t)jj * D, vc + slot * D, sizeof(float) * D);
+                memcpy(vp + (int64_t)jj * D, (const float *)vc + slot * D, sizeof(float) * D);
             }
         }
         /* (the implicit barrier: every task reads every panel of its head) */
@@ -294,4 +307,24 @@ int prefill_attention(const float *q, int64_t q_stride, int T, int H, int KV, in
         }
     }
     return 0;
+}
+
+int prefill_attention(const float *q, int64_t q_stride, int T, int H, int KV, int D, const float *kc, const float *vc,
+                      const int32_t *blocks, int block_size, int64_t L, float scale, float *out, float *work,
+                      int threads) {
+    return prefill(q, q_stride, T, H, KV, D, kc, vc, blocks, block_size, L, scale, out, work, threads, 0);
+}
+
+/* the same over fp16 pools (uint16_t bits), widened exactly: bit for bit prefill_attention over
+ * fp32 pools holding the same numbers; 1 in a build without F16C */
+int prefill_attention_kv16(const float *q, int64_t q_stride, int T, int H, int KV, int D, const void *kc,
+                           const void *vc, const int32_t *blocks, int block_size, int64_t L, float scale, float *out,
+                           float *work, int threads) {
+#ifdef __F16C__
+    return prefill(q, q_stride, T, H, KV, D, kc, vc, blocks, block_size, L, scale, out, work, threads, 1);
+#else
+    (void)q, (void)q_stride, (void)T, (void)H, (void)KV, (void)D, (void)kc, (void)vc, (void)blocks;
+    (void)block_size, (void)L, (void)scale, (void)out, (void)work, (void)threads;
+    return 1;
+#endif
 }

@@ -2,8 +2,9 @@
  * fp32, AVX2 + FMA, OpenMP over (kv head, key split) tasks, a contiguous range per thread.
  *
  * q      row t, head h at q[t * q_stride + h * D], D a multiple of 8
- * cache  k / v: the layer's pool [num_blocks, block_size, KV, D], contiguous; key j of the
- *        sequence lives in block blocks[j / block_size], offset j % block_size
+ * cache  k / v: the layer's pool [num_blocks, block_size, KV, D], contiguous, fp32 or (the
+ *        _kv16 entry) fp16; key j of the sequence lives in block blocks[j / block_size], offset
+ *        j % block_size
  * mask   (T, L) bytes, nonzero = visible; NULL = every key visible to every row, except with
  *        causal: row t sees keys j <= t + L - T
  * out    (T, H, D) contiguous
@@ -107,6 +108,7 @@ typedef struct {
     int64_t q_stride, L;
     int T, H, KV, D, causal;
     float scale;
+    int half; /* the pools hold fp16 (kc, vc then point at uint16_t bits) */
 } job;
 
 /* One task: kv head kvh, the n (at most SPLIT) keys of one split, for rows t0 .. t0 + nt - 1.
@@ -157,12 +159,14 @@ static int visible(const job *a, int all, int t, int64_t j0, int n, __m256 *vis)
  * a split held the core up (one row over 1,500 keys 20% slower in the forward: bench/results/
  * 2026-11-26-cpu-attention-ranges/NOTES.md). */
 static void prefetch_keys(const job *a, const task *k, int i0, int i1) {
-    const float *kh = a->kc + (int64_t)k->kvh * a->D, *vh = a->vc + (int64_t)k->kvh * a->D;
+    const int es = a->half ? 2 : 4; /* bytes per number */
+    const char *kh = (const char *)a->kc + (int64_t)k->kvh * a->D * es;
+    const char *vh = (const char *)a->vc + (int64_t)k->kvh * a->D * es;
     for (int i = i0; i < i1; i++) {
-        const int64_t o = a->off[task_key(k, i)];
-        for (int d = 0; d < a->D; d += 16) {
-            _mm_prefetch((const char *)(kh + o + d), _MM_HINT_T1);
-            _mm_prefetch((const char *)(vh + o + d), _MM_HINT_T1);
+        const int64_t o = a->off[task_key(k, i)] * es;
+        for (int d = 0; d < a->D * es; d += 64) {
+            _mm_prefetch(kh + o + d, _MM_HINT_T1);
+            _mm_prefetch(vh + o + d, _MM_HINT_T1);
         }
     }
 }
@@ -177,12 +181,33 @@ static void prefetch_keys(const job *a, const task *k, int i0, int i1) {
 static void split_task(const job *a, const task *k, const task *next) {
     const int G = a->H / a->KV, D = a->D, W = D + 2, n = k->n, nb = (n + 7) / 8, kvh = k->kvh;
     const __m256 ninf = _mm256_set1_ps(-INFINITY), scale = _mm256_set1_ps(a->scale);
-    const float *kh = a->kc + (int64_t)kvh * D, *vh = a->vc + (int64_t)kvh * D;
     const float *kp[SPLIT], *vp[SPLIT];
-    for (int i = 0; i < nb * 8; i++) { /* a short last block repeats the first key, hidden */
-        const int64_t o = a->off[task_key(k, i < n ? i : 0)];
-        kp[i] = kh + o;
-        vp[i] = vh + o;
+    /* fp16 pools: the split's keys and values widened into fp32 rows first (exact), read by every
+     * query of the task from there: widening at each load instead would repeat it per group of
+     * QB queries */
+    float kbuf[a->half ? n * D : 1], vbuf[a->half ? n * D : 1];
+    if (a->half) {
+#ifdef __F16C__
+        const uint16_t *kh = (const uint16_t *)a->kc + (int64_t)kvh * D, *vh = (const uint16_t *)a->vc + (int64_t)kvh * D;
+        for (int i = 0; i < n; i++) {
+            const int64_t o = a->off[task_key(k, i)];
+            for (int d = 0; d < D; d += 8) {
+                _mm256_storeu_ps(kbuf + i * D + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kh + o + d))));
+                _mm256_storeu_ps(vbuf + i * D + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vh + o + d))));
+            }
+        }
+#endif
+        for (int i = 0; i < nb * 8; i++) {
+            kp[i] = kbuf + (i < n ? i : 0) * D;
+            vp[i] = vbuf + (i < n ? i : 0) * D;
+        }
+    } else {
+        const float *kh = a->kc + (int64_t)kvh * D, *vh = a->vc + (int64_t)kvh * D;
+        for (int i = 0; i < nb * 8; i++) { /* a short last block repeats the first key, hidden */
+            const int64_t o = a->off[task_key(k, i < n ? i : 0)];
+            kp[i] = kh + o;
+            vp[i] = vh + o;
+        }
     }
     __m256 vis[SPLIT / 8];
     int vis_row = -1, vis_any = 0; /* the row vis holds (consecutive queries share rows) */
@@ -263,11 +288,9 @@ static int64_t lower_bound(const int64_t *cum, int64_t n, int64_t x) {
     return lo;
 }
 
-/* returns 0, -1 when a buffer could not be allocated (out is then incomplete), -2 on shapes it
- * does not take */
-int skinny_attention(const float *q, int64_t q_stride, int T, int H, int KV, int D, const float *kc,
-                     const float *vc, const int32_t *blocks, int bs, int64_t L, const uint8_t *mask, int causal,
-                     float scale, float *out, int threads) {
+static int attention(const float *q, int64_t q_stride, int T, int H, int KV, int D, const void *kc, const void *vc,
+                     const int32_t *blocks, int bs, int64_t L, const uint8_t *mask, int causal, float scale,
+                     float *out, int threads, int half) {
     const int G = H / KV, W = D + 2;
     if (G > MAXG || D % 8 || L < 1) return -2;
     const int64_t n_split = (L + SPLIT - 1) / SPLIT;
@@ -342,7 +365,7 @@ int skinny_attention(const float *q, int64_t q_stride, int T, int H, int KV, int
                                idx + t * tail + r0, own_part + (first[t] + s) * H * W};
                 cum[i + 1] = cum[i] + (int64_t)tk[i].n * 2;
             }
-    const job a = {q, kc, vc, off, mask, q_stride, L, T, H, KV, D, causal, scale};
+    const job a = {q, (const float *)kc, (const float *)vc, off, mask, q_stride, L, T, H, KV, D, causal, scale, half};
     if (threads > tasks) threads = (int)tasks;
     if (threads < 1) threads = 1;
 #pragma omp parallel num_threads(threads)
@@ -394,4 +417,37 @@ int skinny_attention(const float *q, int64_t q_stride, int T, int H, int KV, int
     free(idx);
     free(cnt);
     return 0;
+}
+
+/* returns 0, -1 when a buffer could not be allocated (out is then incomplete), -2 on shapes it
+ * does not take */
+int skinny_attention(const float *q, int64_t q_stride, int T, int H, int KV, int D, const float *kc,
+                     const float *vc, const int32_t *blocks, int bs, int64_t L, const uint8_t *mask, int causal,
+                     float scale, float *out, int threads) {
+    return attention(q, q_stride, T, H, KV, D, kc, vc, blocks, bs, L, mask, causal, scale, out, threads, 0);
+}
+
+/* the same over fp16 pools (uint16_t bits): each key's and value's fp16 numbers are widened to
+ * fp32 exactly, so a row's result is bit for bit skinny_attention's over fp32 pools holding the
+ * same numbers; -2 in a build without F16C */
+int skinny_attention_kv16(const float *q, int64_t q_stride, int T, int H, int KV, int D, const void *kc,
+                          const void *vc, const int32_t *blocks, int bs, int64_t L, const uint8_t *mask, int causal,
+                          float scale, float *out, int threads) {
+#ifdef __F16C__
+    return attention(q, q_stride, T, H, KV, D, kc, vc, blocks, bs, L, mask, causal, scale, out, threads, 1);
+#else
+    (void)q, (void)q_stride, (void)T, (void)H, (void)KV, (void)D, (void)kc, (void)vc, (void)blocks, (void)bs;
+    (void)L, (void)mask, (void)causal, (void)scale, (void)out, (void)threads;
+    return -2;
+#endif
+}
+
+/* whether this build reads fp16 pools (skinny_attention_kv16, prefill_attention_kv16, the layer
+ * stack's fp16 cache) */
+int skinny_kv16_available(void) {
+#ifdef __F16C__
+    return 1;
+#else
+    return 0;
+#endif
 }

@@ -9,6 +9,7 @@
  * after a weight has streamed through) cost about a quarter of a one-token step.
  * kernels/skinny.py calls it; models/llama.py's Block.forward is the reference.
  */
+#include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,9 @@ void skinny_linear(const float *x, const float *W, const float *b, float *y, int
 int skinny_attention(const float *q, int64_t q_stride, int T, int H, int KV, int D, const float *kc,
                      const float *vc, const int32_t *blocks, int bs, int64_t L, const uint8_t *mask, int causal,
                      float scale, float *out, int threads);
+int skinny_attention_kv16(const float *q, int64_t q_stride, int T, int H, int KV, int D, const void *kc,
+                          const void *vc, const int32_t *blocks, int bs, int64_t L, const uint8_t *mask, int causal,
+                          float scale, float *out, int threads);
 void skinny_rms_norm(const float *x, const float *w, float *out, int64_t rows, int64_t n, float eps);
 void skinny_silu_mul(const float *gu, float *out, int64_t rows, int64_t n);
 void skinny_rope(float *x, const float *cos, const float *sin, int64_t rows, int64_t row_stride, int64_t heads,
@@ -33,7 +37,7 @@ int quant_linear(const float *x, int64_t x_stride, int fmt, const uint8_t *W, co
 
 typedef struct { /* one layer's weights and cache pools (pointers into torch tensors) */
     const void *attn_norm, *wqkv, *bqkv /* or NULL */, *wo, *mlp_norm, *w_gate_up, *w_down;
-    float *k_cache, *v_cache; /* [num_blocks * block_size, KV, D] */
+    void *k_cache, *v_cache; /* [num_blocks * block_size, KV, D], fp32 or (the step's kv_half) fp16 */
     /* each product's weight (qkv, o, gate_up, down): 0 = fp32 (N, K), else quant_gemm.c's format
      * code and its packed panels */
     int32_t fmt[4];
@@ -48,6 +52,7 @@ typedef struct { /* the step: shared by every layer */
     const int64_t *seq_len;      /* (n_seq,) keys each sequence attends over */
     const int32_t *const *seq_blocks;  /* (n_seq,) its physical blocks */
     const uint8_t *const *seq_mask;    /* (n_seq,) (rows, keys) visibility or NULL */
+    int kv_half;                       /* the caches hold fp16 */
 } skinny_step;
 
 /* Where a stack's time goes, for bench/model_speed.py: seconds summed per phase while
@@ -102,6 +107,22 @@ static side_stream *side_start(side_stream *sd, const skinny_layer *w, const ski
     return sd;
 }
 
+typedef int (*attention_fn)(const float *, int64_t, int, int, int, int, const void *, const void *,
+                            const int32_t *, int, int64_t, const uint8_t *, int, float, float *, int);
+
+/* n numbers rounded to fp16 (to nearest, ties to even, as torch's .half()); the caller checked
+ * that the build has F16C (skinny_kv16_available) */
+static void store_half(uint16_t *dst, const float *src, int64_t n) {
+#ifdef __F16C__
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+#else
+    (void)dst, (void)src, (void)n;
+#endif
+}
+
 static void add_into(float *h, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) h[i] = h[i] + y[i];
 }
@@ -122,7 +143,7 @@ int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skin
     int rc = (x && y && qkv && o && gu && act && sd && soff) ? 0 : -1;
     if (rc == 0) {
         int64_t *first = soff + n_blocks, i = 0;
-        const int64_t region = (int64_t)s->block_size * KV * D * (int64_t)sizeof(float);
+        const int64_t region = (int64_t)s->block_size * KV * D * (s->kv_half ? 2 : 4);
         for (int t = 0; t < snt; t++) {
             first[t] = i;
             for (int b = 0; b < s->n_seq; b++) {
@@ -146,19 +167,23 @@ int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skin
             skinny_rope(qkv, s->cos, s->sin, T, nq, H + KV, D);
             for (int t = 0; t < T; t++) {
                 if (s->slots[t] < 0) continue;
-                memcpy(w->k_cache + s->slots[t] * KV * D, qkv + t * nq + (int64_t)H * D,
-                       sizeof(float) * (size_t)(KV * D));
-                memcpy(w->v_cache + s->slots[t] * KV * D, qkv + t * nq + (int64_t)(H + KV) * D,
-                       sizeof(float) * (size_t)(KV * D));
+                const float *k = qkv + t * nq + (int64_t)H * D, *v = k + (int64_t)KV * D;
+                if (s->kv_half) {
+                    store_half((uint16_t *)w->k_cache + s->slots[t] * KV * D, k, (int64_t)KV * D);
+                    store_half((uint16_t *)w->v_cache + s->slots[t] * KV * D, v, (int64_t)KV * D);
+                } else {
+                    memcpy((float *)w->k_cache + s->slots[t] * KV * D, k, sizeof(float) * (size_t)(KV * D));
+                    memcpy((float *)w->v_cache + s->slots[t] * KV * D, v, sizeof(float) * (size_t)(KV * D));
+                }
             }
         });
         skinny_side = NULL;
         PHASE(P_ATTN, {
             for (int b = 0; b < s->n_seq && rc == 0; b++) {
                 const int r0 = s->seq_start[b], rn = s->seq_start[b + 1] - r0;
-                rc = skinny_attention(qkv + r0 * nq, nq, rn, H, KV, D, w->k_cache, w->v_cache, s->seq_blocks[b],
-                                      s->block_size, s->seq_len[b], s->seq_mask[b], 0, s->scale,
-                                      o + (int64_t)r0 * H * D, s->threads);
+                rc = (s->kv_half ? skinny_attention_kv16 : (attention_fn)skinny_attention)(
+                    qkv + r0 * nq, nq, rn, H, KV, D, w->k_cache, w->v_cache, s->seq_blocks[b], s->block_size,
+                    s->seq_len[b], s->seq_mask[b], 0, s->scale, o + (int64_t)r0 * H * D, s->threads);
             }
         });
         if (rc) break;
