@@ -108,13 +108,17 @@ RUNS = [
      "run, the time to the first token of the 541-1,475-token prompts fell 4-17%; the decoding steps do not use "
      "the kernel. The run's NOTES.md has the kernel against SDPA (1.3-2.3x) and the prefill alone (8-16% less "
      "time). Texts and token ids removed from the JSON."),
-    ("bench/results/2026-11-27-cpu-side-prefetch/llamacpp/results.json",
-     "Our methods on the default quantized path (the GGUF's Q4_1 / Q8_0 blocks, int8 activations) beside "
-     "llama.cpp on the same file, prompts and 2 threads, one round, after the quantized products requested "
-     "their panels ahead and the layer stack streamed each attention's keys and values during the products "
-     "before it. Decoding: our ar 1.52x llama.cpp plain, suffix 2.21x llama.cpp's best speculation (2.02x its "
-     "plain decoding). Every output of ours identical to ar's. The run's NOTES.md has the alternated "
-     "before / after runs (e2e-*) and the forward's phases."),
+    ("bench/results/2026-11-27-cpu-kv16/llamacpp/results.json",
+     "Our methods on the default quantized path (the GGUF's Q4_1 / Q8_0 blocks, int8 activations, fp16 K/V) "
+     "beside llama.cpp on the same file, prompts and 2 threads, one round. Decoding: our ar 2.02x llama.cpp "
+     "plain, suffix 2.51x llama.cpp plain and 2.59x its best speculation. Every output of ours identical to ar's; "
+     "with fp16 K/V (llama.cpp's default too) our outputs share 37 tokens with llama.cpp's before they part, "
+     "where fp32 K/V shared 22. The run directory's NOTES.md has fp16 against fp32 K/V."),
+    ("bench/results/2026-11-27-cpu-kv16/b8-after/results.json",
+     "Batches of 8 prompts of one task (--batch-size 8 --limit 8), the default quantized path with fp16 K/V, one "
+     "round, run after the same command with fp32 K/V (b8-before/): every method 11-14% more tokens/s than there "
+     "and at 1.00-1.02x ar (0.99-1.01 before). Every output identical to ar's. Texts and token ids removed from "
+     "the JSON."),
     ("bench/results/2026-11-27-cpu-qwen-native/native/results.json",
      "The Qwen2.5-Coder pair on the default quantized path (native: every product of these Q4_K_M files Q8_0, "
      "the 0.5B's LM head its own Q8_0 blocks; int8 activations), one prompt per task, one round. Every output "
