@@ -223,7 +223,10 @@ def _key(model, context: int) -> dict:
             # curves cached before the option existed still match
             **({} if (w := getattr(model, "weights", "fp32")) == "fp32" else {"weights": w}),
             # the exact path's kernels (kernels/backend.py TritonBackend); absent when off, likewise
-            **({"exact": True} if model.backend.exact else {})}
+            **({"exact": True} if model.backend.exact else {}),
+            # the KV cache's dtype where it is not the model's (fp16 beside quantized products on a
+            # CPU: Transformer.kv_cache_dtype); absent otherwise, likewise
+            **({"kv": str(kv)} if (kv := model.kv_cache_dtype()) != model.dtype else {})}
 
 
 def step_cost(model, cache_dir: Path | str, context: int = 256, reps: int = 3, measure=None, probe=None,

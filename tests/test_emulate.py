@@ -174,3 +174,15 @@ def test_bench_run_emulated(tmp_path):
     forwards, padded = map(int, re.search(r"(\d+) forwards: (\d+) padded", head).groups())
     assert forwards >= 2 and padded >= 1
     assert all(r["identical_to_ar"] for r in data["records"] if r["method"] != "ar")
+
+
+def test_the_step_cost_cache_key_records_a_kv_cache_of_another_dtype(tiny):
+    """A curve measured over an fp16 cache is not the one over an fp32 cache (the attention
+    reads half the bytes); the key of a cache in the model's dtype keeps its old form."""
+    plain = _key(tiny, 256)
+    tiny.kv_dtype = torch.float16
+    try:
+        half = _key(tiny, 256)
+    finally:
+        tiny.kv_dtype = None
+    assert "kv" not in plain and half == {**plain, "kv": "torch.float16"}
