@@ -358,7 +358,15 @@ KV_DTYPES = (torch.float32, torch.float16)  # the caches the attention kernels a
 def kv16_available() -> bool:
     """Whether the active build reads fp16 KV caches (it needs F16C; every AVX2 CPU we know has it)."""
     lib = _load()
-    return lib is not None and bool(lib.skinny_kv16_available())
+    if lib is None:
+        return False
+    got = _kv16.get(id(lib))  # asked every step of an fp16 cache: one ctypes call per build, not per step
+    if got is None:
+        got = _kv16[id(lib)] = bool(lib.skinny_kv16_available())
+    return got
+
+
+_kv16: dict[int, bool] = {}
 
 
 def _check_paged(q, k_cache, v_cache, multiple: int, max_dim: Optional[int], max_group: int) -> tuple[int, ...]:

@@ -220,6 +220,10 @@ class Transformer(nn.Module):
         ``--weights fp32`` keeps fp32 K/V, to compare with transformers number for number). Every
         method reads the same rounded K/V, so greedy outputs stay ``ar``'s."""
         if self.kv_dtype is not None:
+            if self.kv_dtype != self.dtype and (self.device.type != "cpu" or self.backend.name != "torch"
+                                                or self.kv_dtype not in skinny.KV_DTYPES):
+                raise ValueError(f"kv_dtype must be the model's dtype ({self.dtype}) or, on a CPU with the torch "
+                                 f"backend, one of {', '.join(map(str, skinny.KV_DTYPES))}; got {self.kv_dtype}")
             return self.kv_dtype
         if (self.head_quant is not None and self.device.type == "cpu" and self.dtype == torch.float32
                 and self.backend.name == "torch" and skinny.kv16_available()):

@@ -86,6 +86,9 @@ def test_the_kv_cache_dtype_follows_the_products():
     q8.kv_dtype = torch.float32
     try:
         assert ModelRunner(q8, cache_tokens=64, block_size=4).cache.v.dtype == torch.float32
+        q8.kv_dtype = torch.bfloat16  # no kernel of this path reads it: named before any cache is made
+        with pytest.raises(ValueError, match=r"kv_dtype must be the model's dtype \(torch.float32\)"):
+            ModelRunner(q8, cache_tokens=64, block_size=4)
     finally:
         q8.kv_dtype = None
 
