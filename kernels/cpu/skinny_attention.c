@@ -188,7 +188,8 @@ static void split_task(const job *a, const task *k, const task *next) {
     float kbuf[a->half ? n * D : 1], vbuf[a->half ? n * D : 1];
     if (a->half) {
 #ifdef __F16C__
-        const uint16_t *kh = (const uint16_t *)a->kc + (int64_t)kvh * D, *vh = (const uint16_t *)a->vc + (int64_t)kvh * D;
+        const uint16_t *kh = (const uint16_t *)a->kc + (int64_t)kvh * D;
+        const uint16_t *vh = (const uint16_t *)a->vc + (int64_t)kvh * D;
         for (int i = 0; i < n; i++) {
             const int64_t o = a->off[task_key(k, i)];
             for (int d = 0; d < D; d += 8) {

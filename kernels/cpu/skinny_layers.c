@@ -97,7 +97,7 @@ static int64_t side_bytes(int fmt, int64_t N, int64_t K) {
  * tasks split them (the first share to thread 0). Asked to finish a little before the window
  * ends (x1.15), so that the last lines have arrived. Returns the stream, or NULL where nothing
  * streams. */
-static side_stream *side_start(side_stream *sd, const skinny_layer *w, const skinny_step *s, int64_t window) {
+static side_stream *side_start(side_stream *sd, const skinny_layer *w, int64_t window) {
     const int64_t total = sd->first[sd->nt];
     if (window <= 0 || total == 0) return NULL;
     sd->k = (const char *)w->k_cache;
@@ -106,9 +106,6 @@ static side_stream *side_start(side_stream *sd, const skinny_layer *w, const ski
     for (int t = 0; t < sd->nt; t++) sd->cur[t] = (side_cursor){sd->first[t], 0, 0.0f, {0}};
     return sd;
 }
-
-typedef int (*attention_fn)(const float *, int64_t, int, int, int, int, const void *, const void *,
-                            const int32_t *, int, int64_t, const uint8_t *, int, float, float *, int);
 
 /* n numbers rounded to fp16 (to nearest, ties to even, as torch's .half()); the caller checked
  * that the build has F16C (skinny_kv16_available) */
@@ -159,7 +156,7 @@ int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skin
     }
     for (int l = 0; l < n_layers && rc == 0; l++) {
         const skinny_layer *w = layers + l;
-        if (l == 0) skinny_side = side_start(sd, w, s, side_bytes(w->fmt[0], nq, d));
+        if (l == 0) skinny_side = side_start(sd, w, side_bytes(w->fmt[0], nq, d));
         PHASE(P_NORM, skinny_rms_norm(h, w->attn_norm, x, T, d, s->eps));
         PHASE(P_QKV, rc = product(w->fmt[0], x, w->wqkv, w->bqkv, qkv, T, nq, d, s->threads));
         if (rc) break;
@@ -181,15 +178,20 @@ int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skin
         PHASE(P_ATTN, {
             for (int b = 0; b < s->n_seq && rc == 0; b++) {
                 const int r0 = s->seq_start[b], rn = s->seq_start[b + 1] - r0;
-                rc = (s->kv_half ? skinny_attention_kv16 : (attention_fn)skinny_attention)(
-                    qkv + r0 * nq, nq, rn, H, KV, D, w->k_cache, w->v_cache, s->seq_blocks[b], s->block_size,
-                    s->seq_len[b], s->seq_mask[b], 0, s->scale, o + (int64_t)r0 * H * D, s->threads);
+                const float *qb = qkv + r0 * nq;
+                float *ob = o + (int64_t)r0 * H * D;
+                rc = s->kv_half ? skinny_attention_kv16(qb, nq, rn, H, KV, D, w->k_cache, w->v_cache, s->seq_blocks[b],
+                                                        s->block_size, s->seq_len[b], s->seq_mask[b], 0, s->scale, ob,
+                                                        s->threads)
+                                : skinny_attention(qb, nq, rn, H, KV, D, w->k_cache, w->v_cache, s->seq_blocks[b],
+                                                   s->block_size, s->seq_len[b], s->seq_mask[b], 0, s->scale, ob,
+                                                   s->threads);
             }
         });
         if (rc) break;
         if (l + 1 < n_layers) {
             const skinny_layer *n = w + 1;
-            skinny_side = side_start(sd, n, s, side_bytes(w->fmt[1], d, (int64_t)H * D) +
+            skinny_side = side_start(sd, n, side_bytes(w->fmt[1], d, (int64_t)H * D) +
                                                    side_bytes(w->fmt[2], 2 * (int64_t)I, d) +
                                                    side_bytes(w->fmt[3], d, I) + side_bytes(n->fmt[0], nq, d));
         }
