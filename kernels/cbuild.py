@@ -105,3 +105,59 @@ class OnDemand:
                     warnings.warn(f"{self.reason}; {self.fallback}", RuntimeWarning, stacklevel=3)
                 self.tried = True
         return self.lib
+
+
+def python_include() -> Optional[str]:
+    """The folder of this Python's ``Python.h``, or None where its headers are not installed."""
+    import sysconfig
+
+    inc = sysconfig.get_paths().get("include")
+    return inc if inc and (Path(inc) / "Python.h").is_file() else None
+
+
+class OnDemandModule:
+    """A CPython extension module of portable C built and imported on its first ``get``
+    (``PyInit_<name>`` in ``sources``; ``headers`` count in its hash). It serves the glue of a
+    compiled host path: reading a step's Python objects in C costs a fraction of what building
+    ctypes arguments from them does. Where it cannot build (no compiler, or this Python's
+    headers are not installed), ``get`` returns None, ``reason`` says why, and one warning says
+    that ``fallback`` runs instead."""
+
+    def __init__(self, name: str, sources: list[Path], fallback: str, headers: Optional[list[Path]] = None):
+        self.name, self.sources, self.headers, self.fallback = name, sources, headers or [], fallback
+        self.module = None
+        self.reason: Optional[str] = None
+        self.tried = False
+        self._lock = threading.Lock()
+
+    def get(self):
+        if self.tried:
+            return self.module
+        with self._lock:
+            if not self.tried:
+                try:
+                    self.module = self._load()
+                except (RuntimeError, OSError, ImportError, subprocess.SubprocessError) as e:
+                    self.reason = f"could not build {', '.join(f.name for f in self.sources)}: {e}"
+                    warnings.warn(f"{self.reason}; {self.fallback}", RuntimeWarning, stacklevel=3)
+                self.tried = True
+        return self.module
+
+    def _load(self):
+        import importlib.machinery
+        import importlib.util
+        import sys
+
+        inc = python_include()
+        if inc is None:
+            raise RuntimeError("this Python's headers (Python.h) are not installed")
+        flags = ["-O2", "-std=c11", "-shared", "-fPIC", f"-I{inc}",
+                 f"-DSPECDEC_PY={sys.version_info[0]}{sys.version_info[1]:02d}"]
+        path, _ = build(f"{self.name}-py{sys.version_info[0]}{sys.version_info[1]}", self.sources, self.headers,
+                        flags, [])
+        # the module's own name (PyInit_<name>), loaded from the cached file (dlopen takes any name)
+        loader = importlib.machinery.ExtensionFileLoader(self.name, str(path))
+        spec = importlib.util.spec_from_file_location(self.name, str(path), loader=loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        return module

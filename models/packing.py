@@ -37,11 +37,30 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 # the library, built on first use (enabled)
 LIBRARY = cbuild.OnDemand("models-pack", SOURCES, FLAGS, [], _declare, "steps are packed by the Python reference")
+# the glue of a staged CPU step in one call (models/cpu/packext.c: pack.c and a CPython extension), built on first
+# use where this Python's headers are installed; else the Python glue below calls the library
+EXT = cbuild.OnDemandModule("_packext", [SOURCES[0], SOURCES[0].with_name("packext.c")],
+                            "a step's packing is glued in Python (ctypes)")
 
 
 def enabled() -> bool:
     """The compiled packing is switched on and built."""
     return cbuild.host_compiled() and LIBRARY.get() is not None
+
+
+def _ext() -> bool:
+    """Whether ``pack`` glues a staged step in the extension (switched on with the compiled path)."""
+    return _use_ext["on"] and EXT.get() is not None
+
+
+_use_ext = {"on": True}
+
+
+def use_extension(on: bool) -> bool:
+    """Glue staged steps in the extension (True) or in Python (False, for comparison and tests);
+    returns the previous setting."""
+    before, _use_ext["on"] = _use_ext["on"], bool(on)
+    return before
 
 
 def _ptr(a: array) -> int:
@@ -216,6 +235,11 @@ def pack(cache, inputs: list, vocab: int, max_context: int, device, staging: Opt
     B = len(inputs)
     if B == 0:
         return None
+    if staging is not None and type(inputs) is list and torch.device(device).type == "cpu" and _ext():
+        packed = EXT.module.pack_staged(inputs, cache.lengths, cache.blocks, cache.free_blocks, cache.block_size,
+                                        vocab, max_context, staging)
+        if packed is not None:
+            return packed
     gathered = _gather(cache, inputs)
     if gathered is None:
         return None

@@ -297,3 +297,113 @@ def test_prepare_packs_every_field_as_the_plain_reference(compiled, reuse, monke
         with pytest.raises(ValueError, match=match):
             runner.prepare(step)
         assert len(runner.cache.free_blocks) == free
+
+
+def _packed_fields(packed) -> list:
+    tokens, meta, idx = packed
+    return [None if t is None else t.clone() for t in (tokens, meta.positions, meta.slot_mapping, meta.cu_seqlens_q,
+                                                       meta.context_lens, meta.block_tables, meta.mask, meta.causal,
+                                                       idx)] + [meta.max_seqlen_q]
+
+
+def _same(a: list, b: list) -> bool:
+    return all((x is None) == (y is None) and (x is None or (torch.equal(x, y) if isinstance(x, torch.Tensor)
+                                                               else x == y)) for x, y in zip(a, b))
+
+
+def test_the_extension_glues_a_staged_step_as_the_python_glue(monkeypatch):
+    """models/cpu/packext.c (a staged CPU step in one call) against the Python glue of the same
+    library: the same tensors and the same cache lists after it (blocks reserved in the same
+    order) over random ragged steps of trees, chains and logits rows, sequences growing past
+    their blocks; and where it must not take a step (a layout the staging has not met, an
+    explicit mask, values that are not ints, a pool too short, input the checks refuse) the
+    Python glue's result or error, with nothing reserved by it."""
+    monkeypatch.setattr(cbuild, "_host", {"compiled": True})
+    if not packing.enabled() or packing.EXT.get() is None:
+        pytest.skip(f"the packing or its extension did not build: {packing.LIBRARY.reason or packing.EXT.reason}")
+    model = ours_from_hf(tiny_hf_model("llama"), cache_tokens=1024, block_size=4).model
+    runners = [ModelRunner(model, cache_tokens=1024, block_size=4) for _ in range(2)]
+    for runner in runners:
+        for s, n in ((0, 3), (1, 0), (2, 17), (5, 150)):
+            runner.add_sequence(s)
+            runner.assume_context(s, n)
+    calls = {"ext": 0, "reserved": 0}
+    real = packing.EXT.module.pack_staged
+
+    def counted(*a):
+        free = len(a[3])
+        out = real(*a)
+        calls["ext"] += out is not None
+        calls["reserved"] += len(a[3]) < free
+        return out
+
+    monkeypatch.setattr(packing.EXT.module, "pack_staged", counted)
+    r = random.Random(0)
+    for i in range(200):
+        # first narrow steps of a few shapes beside sequence 5 (38 blocks, never growing), which sets the table's
+        # width: the others take new blocks in layouts met before; then steps of any shape, each packed twice
+        wide = i >= 120 and i % 2 == 0
+        step = [] if wide else [StepInput(5, [r.randrange(CFG.vocab_size)])]
+        for s in (r.sample([0, 1, 2, 5], r.randrange(1, 5)) if wide else [r.choice((0, 1, 2))]):
+            T = r.randrange(1, 40) if wide else 3
+            tree = r.random() < 0.6
+            parents = [-1] + [r.randrange(j) for j in range(1, T)] if tree else None
+            depths = None
+            if tree:
+                depths = [0] * T
+                for j in range(1, T):
+                    depths[j] = depths[parents[j]] + 1
+            rows = (None if r.random() < 0.3 else sorted(r.sample(range(T), r.randrange(0, T + 1)))) if wide else None
+            inp = StepInput(s, [r.randrange(CFG.vocab_size) for _ in range(T)], depths=depths, parents=parents,
+                            logits_rows=rows)
+            step.append(inp)
+        for _ in range(2 if wide else 1):
+            outs = []
+            for on, runner in zip((True, False), runners):
+                before = packing.use_extension(on)
+                try:
+                    outs.append(_packed_fields(runner.prepare(step, reuse=True)))
+                finally:
+                    packing.use_extension(before)
+            assert _same(*outs), i
+            a, b = (x.cache for x in runners)
+            assert a.blocks == b.blocks and a.free_blocks == b.free_blocks and a.lengths == b.lengths
+        accepted = {inp.seq_id: list(range(r.randrange(1, 3))) if inp.seq_id != 5 else [] for inp in step}
+        for runner in runners:
+            runner.commit(accepted)
+    # steps that met a layout seen before were the extension's, some of them taking new blocks
+    assert calls["ext"] >= 30 and calls["reserved"] >= 5, calls
+    # what it leaves to the Python glue (each checked against the plain reference's message)
+    runner = runners[0]
+    runner.add_sequence(8)
+    runner.add_sequence(9)  # holds all the pool's free blocks but one
+    runner.cache.reserve({9: (len(runner.cache.free_blocks) - 1) * 4})
+    free = list(runner.cache.free_blocks)
+    mask = torch.ones(2, 2, dtype=torch.bool).tril()
+    for step, match in (([StepInput(0, [3, 99999])], "token ids"), ([StepInput(0, [3, 4], parents=[-1, 1])], "parents"),
+                        ([StepInput(0, [3.0])], "integer|int"),
+                        ([StepInput(0, [1] * 40, depths=list(range(2000, 2040)))], "context"),
+                        ([StepInput(8, [1] * 12)], "pool exhausted")):
+        calls["ext"] = 0
+        with pytest.raises((ValueError, TypeError), match=match):
+            runner.prepare(step, reuse=True)
+        assert calls["ext"] == 0 and runner.cache.free_blocks == free
+    tokens, meta, _ = runner.prepare([StepInput(2, [1, 2], mask=mask)], reuse=True)
+    assert meta.mask is not None and tokens.tolist() == [1, 2]
+
+
+def test_without_python_headers_the_python_glue_packs_with_one_warning(monkeypatch):
+    """A Python without its headers cannot build the extension: one warning, and the Python
+    glue (ctypes) packs the step, as before the extension."""
+    monkeypatch.setattr(cbuild, "_host", {"compiled": True})
+    if not packing.enabled():
+        pytest.skip(f"the compiled packing did not build: {packing.LIBRARY.reason}")
+    ext = packing.EXT
+    monkeypatch.setattr(packing, "EXT", cbuild.OnDemandModule(ext.name, ext.sources, ext.fallback))
+    monkeypatch.setattr(cbuild, "python_include", lambda: None)
+    runner = ours_from_hf(tiny_hf_model("llama"), cache_tokens=64, block_size=4)
+    runner.add_sequence(0)
+    runner.assume_context(0, 5)
+    with pytest.warns(RuntimeWarning, match="headers.*glued in Python"):
+        tokens, meta, _ = runner.prepare([StepInput(0, [1, 2], parents=[-1, 0])], reuse=True)
+    assert packing.EXT.get() is None and tokens.tolist() == [1, 2] and meta.positions.tolist() == [5, 6]
