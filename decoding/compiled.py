@@ -44,6 +44,18 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 # the library, built on first use (planner_core, available)
 LIBRARY = cbuild.OnDemand("decoding-host", SOURCES, FLAGS, LIBS, _declare, "the step planner runs its Python reference")
+# the glue of select / observe_all / max_depth in C (decoding/cpu/plannerext.c, a CPython extension calling the
+# library's functions by their addresses), built on first use where this Python's headers are installed
+EXT = cbuild.OnDemandModule("_plannerext", [SOURCES[0].with_name("plannerext.c")],
+                            "the planner's compiled calls are glued in Python (ctypes)")
+_use_ext = {"on": True}
+
+
+def use_extension(on: bool) -> bool:
+    """Glue the planner's compiled calls in the extension (True) or in Python (False, for
+    comparison and tests); returns the previous setting. Planners made before keep theirs."""
+    before, _use_ext["on"] = _use_ext["on"], bool(on)
+    return before
 
 
 def available() -> bool:
@@ -120,6 +132,12 @@ class PlannerCore:
                                    cost.long_context - cost.context if self.has_slope else 0, None)
         self._cfg_args: Optional[PlanCfg] = None
         self._accs_of: dict[tuple, ctypes.Array] = {}
+        # the extension's glue, with the library's functions' addresses, or None: the Python glue below
+        self._ext = EXT.get() if _use_ext["on"] else None
+        if self._ext is not None:
+            self._fn = {name: ctypes.cast(getattr(lib, f"planner_{name}"), ctypes.c_void_p).value
+                        for name in ("select", "observe_batch", "max_depth")}
+        self._flat_ext: Optional[tuple] = None  # the last select's trees and their flattened bytes (extension)
 
     def _tables(self, total: int, per_seq: int, planner, B: int) -> tuple[PlanCost, Optional[array]]:
         """The cost's tables holding ``total`` step tokens and ``per_seq`` for one sequence,
@@ -170,6 +188,10 @@ class PlannerCore:
     def max_depth(self, planner, sids: list[int], sources: int) -> Optional[list[int]]:
         B = len(sids)
         s, alive = self._tables(B + planner.cfg.max_tokens, planner.cfg.max_tokens, planner, B)  # noqa: F841
+        if self._ext is not None:
+            return self._ext.max_depth(self._fn["max_depth"], ctypes.addressof(self._cfg(planner)),
+                                       ctypes.addressof(s), ctypes.addressof(self._accs(planner, sids)), B, sources,
+                                       planner.calibration)
         out = array("i", bytes(4 * B))
         rc = self.lib.planner_max_depth(ctypes.byref(self._cfg(planner)), ctypes.byref(s),
                                         self._accs(planner, sids), B, sources, planner.calibration, _ptr(out))
@@ -197,6 +219,16 @@ class PlannerCore:
     def select(self, planner, sids: list[int], trees: list, pinned: list[list[int]]
                ) -> Optional[tuple[list[list[int]], list[float]]]:
         B = len(trees)
+        self._flat = self._flat_ext = None
+        if self._ext is not None and not any(pinned) and not any(t.chance for t in trees):
+            s, alive = self._tables(sum(map(len, trees)) + B,  # noqa: F841
+                                    max(planner.cfg.max_tokens, max(len(t) for t in trees)) + 1, planner, B)
+            done = self._ext.select(self._fn["select"], ctypes.addressof(self._cfg(planner)), ctypes.addressof(s),
+                                    ctypes.addressof(self._accs(planner, sids)), trees, planner.calibration,
+                                    planner.window_rate)
+            if done is not None:
+                self._flat_ext = (trees, done[2])
+                return done[0], done[1]
         flat = self._flat = self.flatten(trees)
         _, offsets, parents, depths, sources, group, candidate = flat
         N = offsets[-1]
@@ -250,6 +282,13 @@ class PlannerCore:
     def observe_all(self, planner, sids: list[int], outcomes: list) -> Optional[tuple[int, int]]:
         """``observe`` of a whole step in one call, when its outcomes are of the trees the last
         ``select`` flattened, in that order (None otherwise: observe them one by one)."""
+        fx = self._flat_ext
+        if fx is not None and len(fx[0]) == len(outcomes) and all(o.tree is t for o, t in zip(outcomes, fx[0])):
+            done = self._ext.observe_all(self._fn["observe_batch"], ctypes.addressof(self._cfg(planner)),
+                                         ctypes.addressof(self._accs(planner, sids)), fx[1], outcomes)
+            if done is not None:
+                return done
+            self._flat = self.flatten(fx[0])
         flat = self._flat
         if flat is None or len(flat[0]) != len(outcomes) or any(o.tree is not t for o, t in zip(outcomes, flat[0])):
             return None

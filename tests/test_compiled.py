@@ -2,6 +2,7 @@
 the same plans, selections and learnt estimates, bit for bit, on exact tables and random steps."""
 
 import random
+from array import array
 
 import pytest
 
@@ -21,17 +22,30 @@ STEEP = StepCost(tokens=[1, 2, 64], ms=[10.0, 30.0, 1270.0], per_seq_ms=0.0, con
 SOURCES = (PLD, POOL, HARVEST, RECYCLE, SUFFIX, STORE, PLD | SUFFIX, RECYCLE | POOL, HARVEST | PLD)
 
 
-def pair(cost, cfg=None) -> tuple[Planner, Planner]:
-    """(reference, compiled) planners on the same cost."""
-    before = compiled.use_compiled(False)
+def pair(cost, cfg=None, extension: bool = True) -> tuple[Planner, Planner]:
+    """(reference, compiled) planners on the same cost; the compiled one's calls glued in the
+    extension (decoding/cpu/plannerext.c) or in Python."""
+    before, ext = compiled.use_compiled(False), compiled.use_extension(extension)
     try:
         ref = Planner(cost, cfg)
-    finally:
         compiled.use_compiled(True)
-    fast = Planner(cost, cfg)
-    compiled.use_compiled(before)
+        fast = Planner(cost, cfg)
+    finally:
+        compiled.use_compiled(before)
+        compiled.use_extension(ext)
     assert ref._core is None and fast._core is not None
+    if extension and compiled.EXT.get() is None:
+        pytest.skip(f"the planner's extension did not build: {compiled.EXT.reason}")
+    assert (fast._core._ext is not None) == extension
     return ref, fast
+
+
+def with_arrays(tree: StepTree) -> StepTree:
+    """The tree with the arrays a tree built in C keeps (``BuiltTree.flat``), which the compiled
+    glue reads instead of its lists."""
+    tree.flat = (array("i", tree.parents), array("i", tree.depths), array("i", tree.sources), array("i", tree.group),
+                 array("b", tree.candidate))
+    return tree
 
 
 def chain(n: int, source: int = PLD) -> StepTree:
@@ -99,12 +113,13 @@ def test_exact_tables():
         assert plan.select([0], [t]) == [[0, 1, 2, 3, 4]]
 
 
+@pytest.mark.parametrize("glue", ["extension", "python"])
 @pytest.mark.parametrize("seed", range(6))
-def test_random_steps_plan_select_and_learn_the_same(seed):
+def test_random_steps_plan_select_and_learn_the_same(seed, glue):
     rng = random.Random(seed)
     cfg = PlannerConfig(learn_overhead=seed % 2 == 0, max_step_tokens=None if seed % 3 else 24,
                         min_gain=0.05 * (seed % 2), calibrate=seed != 5, window_rate=(0.15, 0.9)[seed % 2])
-    ref, fast = pair(COST, cfg)
+    ref, fast = pair(COST, cfg, extension=glue == "extension")
     keys = all_keys()
     for step in range(25):
         B = rng.randrange(1, 5)
@@ -113,6 +128,7 @@ def test_random_steps_plan_select_and_learn_the_same(seed):
         sources = rng.choice((PLD, PLD | POOL | HARVEST | WINDOW, PLD | RECYCLE | SUFFIX | POOL, 0))
         assert ref.max_depth(sids, sources, contexts) == fast.max_depth(sids, sources, contexts)
         trees = [random_tree(rng, draft=seed == 4) for _ in sids]
+        trees = [with_arrays(t) if rng.random() < 0.5 else t for t in trees]
         keep = ref.select(sids, trees)
         assert fast.select(sids, trees) == keep
         outs = [outcome_of(rng, tree, k) for tree, k in zip(trees, keep)]
@@ -175,3 +191,14 @@ def test_without_a_compiler_the_reference_runs_with_one_warning(monkeypatch, tmp
     assert compiled.path().startswith("reference (could not build")
     assert Planner(COST)._core is None and Planner(COST).select([0], [chain(3)])[0][0] == 0
     assert list(tmp_path.iterdir()) == []  # no half-written library left behind
+
+
+def test_without_python_headers_the_planner_glues_in_python_with_one_warning(monkeypatch):
+    ext = compiled.EXT
+    monkeypatch.setattr(compiled, "EXT", compiled.cbuild.OnDemandModule(ext.name, ext.sources, ext.fallback))
+    monkeypatch.setattr(compiled.cbuild, "python_include", lambda: None)
+    monkeypatch.setattr(compiled.cbuild, "_host", {"compiled": True})
+    with pytest.warns(RuntimeWarning, match="headers.*glued in Python"):
+        plan = Planner(FLAT, PlannerConfig(prior=0.4, learn_overhead=False, explore=0.0, decay=1.0))
+    assert plan._core is not None and plan._core._ext is None
+    assert plan.select([0], [chain(6)]) == [list(range(7))] and plan.max_depth([0], PLD) == [8]

@@ -1,0 +1,371 @@
+/* The glue of the step planner's compiled calls as a CPython extension (decoding/compiled.py,
+ * ``PlannerCore``): a step's trees read straight from their Python fields (a tree built in C:
+ * its arrays, through the buffer protocol; any other: its lists), flattened, and planner.c's
+ * functions called through the addresses the ctypes library gives (one copy of the arithmetic);
+ * the outcomes' paths and rows read from their lists and dicts the same way. The Python glue
+ * beside it builds a dozen arrays and a ctypes call of 20 arguments per call;
+ * tests/test_compiled.py holds the two equal (selections, expectations, what is learnt).
+ *
+ * It answers None where it does not take the call (a field that is not what a tree's is, a
+ * node outside its tree): the Python glue then does. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int (*select_fn)(const void *c, const void *s, const void *accs, int B, const int32_t *offsets,
+                         const int32_t *parents, const int32_t *depths, const int32_t *sources, const int32_t *group,
+                         const uint8_t *candidate, const uint8_t *pinned, const double *chance, double calibration,
+                         double window_rate, int32_t *kept, int32_t *n_kept, double *expected);
+typedef int (*observe_fn)(const void *c, void *accs, int B, const int32_t *offsets, const int32_t *parents,
+                          const int32_t *depths, const int32_t *sources, const int32_t *group,
+                          const uint8_t *candidate, const int32_t *row_offsets, const int32_t *rows,
+                          const uint8_t *on_path, int *credit, int *columns);
+typedef int (*max_depth_fn)(const void *c, const void *s, const void *accs, int B, int sources, double calibration,
+                            int32_t *out);
+
+static PyObject *s_flat, *s_parents, *s_depths, *s_sources, *s_group, *s_candidate, *s_path, *s_rows;
+
+static void *addr(PyObject *o) { return PyLong_AsVoidPtr(o); }
+
+/* The flattened step (bytes): int32 B, N, offsets[B + 1], parents, depths, sources, group [N each], then
+ * uint8 candidate [N]. */
+typedef struct {
+    int B, N;
+    int32_t *offsets, *parents, *depths, *sources, *group;
+    uint8_t *candidate;
+} Flat;
+
+static size_t flat_size(int B, int N) { return sizeof(int32_t) * (size_t)(2 + B + 1 + 4 * N) + (size_t)N; }
+
+static void flat_view(char *p, Flat *f) {
+    int32_t *q = (int32_t *)p;
+    f->B = q[0];
+    f->N = q[1];
+    f->offsets = q + 2;
+    f->parents = f->offsets + f->B + 1;
+    f->depths = f->parents + f->N;
+    f->sources = f->depths + f->N;
+    f->group = f->sources + f->N;
+    f->candidate = (uint8_t *)(f->group + f->N);
+}
+
+/* n int32 values of a field into dst: from an array's buffer (itemsize 4, or 1 for candidate) or a
+ * list's ints (candidate: truth values). 0 (no error set) where it is neither. */
+static int read_field(PyObject *o, Py_ssize_t n, int32_t *d32, uint8_t *d8) {
+    if (PyList_CheckExact(o)) {
+        if (PyList_GET_SIZE(o) != n) return 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *v = PyList_GET_ITEM(o, i);
+            if (d8) {
+                const int t = PyObject_IsTrue(v);
+                if (t < 0) {
+                    PyErr_Clear();
+                    return 0;
+                }
+                d8[i] = (uint8_t)t;
+            } else {
+                if (!PyLong_Check(v)) return 0;
+                int overflow = 0;
+                const long x = PyLong_AsLongAndOverflow(v, &overflow);
+                if (overflow || x < INT32_MIN || x > INT32_MAX || (x == -1 && PyErr_Occurred())) {
+                    PyErr_Clear();
+                    return 0;
+                }
+                d32[i] = (int32_t)x;
+            }
+        }
+        return 1;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(o, &view, PyBUF_FORMAT) != 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = 0;
+    const char *fmt = view.format ? view.format : "B";
+    if (d8 && view.itemsize == 1 && (fmt[0] == 'b' || fmt[0] == 'B') && view.len == n) {
+        const int8_t *src = view.buf;
+        for (Py_ssize_t i = 0; i < n; i++) d8[i] = src[i] != 0;
+        ok = 1;
+    } else if (d32 && view.itemsize == 4 && (fmt[0] == 'i' || fmt[0] == 'l') && view.len == 4 * n) {
+        memcpy(d32, view.buf, 4 * (size_t)n);
+        ok = 1;
+    }
+    PyBuffer_Release(&view);
+    return ok;
+}
+
+/* select(fn, cfg, cost, accs, trees, calibration, window_rate) -> (kept, expected, flat) or None */
+static PyObject *select_trees(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "select takes 7 arguments");
+        return NULL;
+    }
+    select_fn fn = (select_fn)addr(args[0]);
+    void *cfg = addr(args[1]), *cost = addr(args[2]), *accs = addr(args[3]);
+    PyObject *trees = args[4];
+    const double calibration = PyFloat_AsDouble(args[5]), window_rate = PyFloat_AsDouble(args[6]);
+    if (PyErr_Occurred()) return NULL;
+    if (!PyList_CheckExact(trees) || PyList_GET_SIZE(trees) < 1 || PyList_GET_SIZE(trees) > 1 << 20) Py_RETURN_NONE;
+    const int B = (int)PyList_GET_SIZE(trees);
+    /* sizes first (each tree's parents list) */
+    Py_ssize_t N = 0;
+    for (int b = 0; b < B; b++) {
+        PyObject *p = PyObject_GetAttr(PyList_GET_ITEM(trees, b), s_parents);
+        if (!p) return NULL;
+        const Py_ssize_t n = PyList_CheckExact(p) ? PyList_GET_SIZE(p) : -1;
+        Py_DECREF(p);
+        if (n < 1 || N + n > INT32_MAX / 8) Py_RETURN_NONE;
+        N += n;
+    }
+    PyObject *blob = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)flat_size(B, (int)N));
+    if (!blob) return NULL;
+    char *raw = PyBytes_AS_STRING(blob);
+    ((int32_t *)raw)[0] = B;
+    ((int32_t *)raw)[1] = (int32_t)N;
+    Flat f;
+    flat_view(raw, &f);
+    PyObject *names[5] = {s_parents, s_depths, s_sources, s_group, s_candidate};
+    int o = 0;
+    for (int b = 0; b < B; b++) {
+        PyObject *t = PyList_GET_ITEM(trees, b);
+        PyObject *p = PyObject_GetAttr(t, s_parents);
+        if (!p) goto error;
+        const Py_ssize_t n = PyList_CheckExact(p) ? PyList_GET_SIZE(p) : -1;
+        Py_DECREF(p);
+        if (n < 1 || o + n > N) goto none;
+        f.offsets[b] = o;
+        /* a tree built in C keeps its arrays (parents, depths, sources, group, candidate): read them where
+         * they are the tree's (compiled.PlannerCore.flatten's rule) */
+        PyObject *flat = PyObject_GetAttrString(t, "flat");
+        if (!flat) {
+            PyErr_Clear();
+        } else if (flat != Py_None && PyTuple_Check(flat) && PyTuple_GET_SIZE(flat) == 5 &&
+                   PyObject_Length(PyTuple_GET_ITEM(flat, 0)) == n) {
+            int ok = 1;
+            ok &= read_field(PyTuple_GET_ITEM(flat, 0), n, f.parents + o, NULL);
+            ok &= read_field(PyTuple_GET_ITEM(flat, 1), n, f.depths + o, NULL);
+            ok &= read_field(PyTuple_GET_ITEM(flat, 2), n, f.sources + o, NULL);
+            ok &= read_field(PyTuple_GET_ITEM(flat, 3), n, f.group + o, NULL);
+            ok &= read_field(PyTuple_GET_ITEM(flat, 4), n, NULL, f.candidate + o);
+            Py_DECREF(flat);
+            if (!ok) goto none;
+            o += (int)n;
+            continue;
+        } else {
+            PyErr_Clear();
+            Py_DECREF(flat);
+        }
+        int32_t *dst[4] = {f.parents + o, f.depths + o, f.sources + o, f.group + o};
+        for (int j = 0; j < 5; j++) {
+            PyObject *v = PyObject_GetAttr(t, names[j]);
+            if (!v) goto error;
+            const int ok = read_field(v, n, j < 4 ? dst[j] : NULL, j == 4 ? f.candidate + o : NULL);
+            Py_DECREF(v);
+            if (!ok) goto none;
+        }
+        o += (int)n;
+    }
+    f.offsets[B] = o;
+    {
+        int32_t *kept = malloc(sizeof(int32_t) * ((size_t)N + (size_t)B));
+        double *expected = malloc(sizeof(double) * (size_t)B);
+        if (!kept || !expected) {
+            free(kept);
+            free(expected);
+            PyErr_NoMemory();
+            goto error;
+        }
+        int32_t *n_kept = kept + N;
+        const int rc = fn(cfg, cost, accs, B, f.offsets, f.parents, f.depths, f.sources, f.group, f.candidate, NULL,
+                          NULL, calibration, window_rate, kept, n_kept, expected);
+        PyObject *out = NULL;
+        if (rc == 0) {
+            PyObject *lists = PyList_New(B), *exp = PyList_New(B);
+            for (int b = 0; lists && exp && b < B; b++) {
+                PyObject *l = PyList_New(n_kept[b]);
+                PyObject *e = PyFloat_FromDouble(expected[b]);
+                if (!l || !e) {
+                    Py_XDECREF(l);
+                    Py_XDECREF(e);
+                    Py_CLEAR(lists);
+                    break;
+                }
+                for (int i = 0; i < n_kept[b]; i++) {
+                    PyObject *v = PyLong_FromLong(kept[f.offsets[b] + i]);
+                    if (!v) {
+                        Py_DECREF(l);
+                        l = NULL;
+                        break;
+                    }
+                    PyList_SET_ITEM(l, i, v);
+                }
+                if (!l) {
+                    Py_DECREF(e);
+                    Py_CLEAR(lists);
+                    break;
+                }
+                PyList_SET_ITEM(lists, b, l);
+                PyList_SET_ITEM(exp, b, e);
+            }
+            if (lists && exp) out = PyTuple_Pack(3, lists, exp, blob);
+            Py_XDECREF(lists);
+            Py_XDECREF(exp);
+        }
+        free(kept);
+        free(expected);
+        Py_DECREF(blob);
+        if (rc != 0 && !PyErr_Occurred()) Py_RETURN_NONE;  /* short cost tables: the Python glue grows them */
+        return out;
+    }
+none:
+    Py_DECREF(blob);
+    Py_RETURN_NONE;
+error:
+    Py_DECREF(blob);
+    return NULL;
+}
+
+/* observe(fn, cfg, accs, flat, outcomes) -> (credit, columns) or None; the outcomes are of the flattened
+ * trees, in their order (the caller checked) */
+static PyObject *observe_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "observe takes 5 arguments");
+        return NULL;
+    }
+    observe_fn fn = (observe_fn)addr(args[0]);
+    void *cfg = addr(args[1]), *accs = addr(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *blob = args[3], *outcomes = args[4];
+    if (!PyBytes_CheckExact(blob) || !PyList_CheckExact(outcomes)) Py_RETURN_NONE;
+    Flat f;
+    flat_view(PyBytes_AS_STRING(blob), &f);
+    if ((Py_ssize_t)flat_size(f.B, f.N) != PyBytes_GET_SIZE(blob) || PyList_GET_SIZE(outcomes) != f.B)
+        Py_RETURN_NONE;
+    /* rows: every outcome's dict keys, in order */
+    PyObject **rows_of = calloc((size_t)f.B, sizeof(PyObject *));
+    if (!rows_of) return PyErr_NoMemory();
+    PyObject *result = NULL;
+    Py_ssize_t R = 0;
+    uint8_t *on_path = NULL;
+    int32_t *rows = NULL;
+    for (int b = 0; b < f.B; b++) {
+        rows_of[b] = PyObject_GetAttr(PyList_GET_ITEM(outcomes, b), s_rows);
+        if (!rows_of[b]) goto done;
+        if (!PyDict_CheckExact(rows_of[b])) goto none;
+        R += PyDict_GET_SIZE(rows_of[b]);
+    }
+    on_path = calloc((size_t)f.N + 1, 1);
+    rows = malloc(sizeof(int32_t) * ((size_t)R + (size_t)f.B + 2));
+    if (!on_path || !rows) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int32_t *row_offsets = rows + R;
+    Py_ssize_t r = 0;
+    for (int b = 0; b < f.B; b++) {
+        const int o = f.offsets[b], n = f.offsets[b + 1] - o;
+        PyObject *path = PyObject_GetAttr(PyList_GET_ITEM(outcomes, b), s_path);
+        if (!path) goto done;
+        if (!PyList_CheckExact(path)) {
+            Py_DECREF(path);
+            goto none;
+        }
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(path); i++) {
+            const long node = PyLong_Check(PyList_GET_ITEM(path, i)) ? PyLong_AsLong(PyList_GET_ITEM(path, i)) : -1;
+            if (node < 0 || node >= n) {  /* not a node of the tree: the Python glue says so */
+                PyErr_Clear();
+                Py_DECREF(path);
+                goto none;
+            }
+            on_path[o + node] = 1;
+        }
+        Py_DECREF(path);
+        row_offsets[b] = (int32_t)r;
+        Py_ssize_t pos = 0;
+        PyObject *key, *value;
+        while (PyDict_Next(rows_of[b], &pos, &key, &value)) {
+            const long node = PyLong_Check(key) ? PyLong_AsLong(key) : -1;
+            if (node < INT32_MIN || node > INT32_MAX || (node == -1 && PyErr_Occurred())) {
+                PyErr_Clear();
+                goto none;
+            }
+            rows[r++] = (int32_t)node;
+        }
+    }
+    row_offsets[f.B] = (int32_t)r;
+    int credit = 0, columns = 0;
+    if (fn(cfg, accs, f.B, f.offsets, f.parents, f.depths, f.sources, f.group, f.candidate, row_offsets,
+           R ? rows : NULL, on_path, &credit, &columns) != 0) {
+        PyErr_SetString(PyExc_MemoryError, "planner_observe_batch could not allocate its buffers");
+        goto done;
+    }
+    result = Py_BuildValue("(ii)", credit, columns);
+    goto done;
+none:
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    for (int b = 0; b < f.B; b++) Py_XDECREF(rows_of[b]);
+    free(rows_of);
+    free(on_path);
+    free(rows);
+    return result;
+}
+
+/* max_depth(fn, cfg, cost, accs, B, sources, calibration) -> list of B depths, or None (short tables) */
+static PyObject *max_depth(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "max_depth takes 7 arguments");
+        return NULL;
+    }
+    max_depth_fn fn = (max_depth_fn)addr(args[0]);
+    void *cfg = addr(args[1]), *cost = addr(args[2]), *accs = addr(args[3]);
+    const long B = PyLong_AsLong(args[4]), sources = PyLong_AsLong(args[5]);
+    const double calibration = PyFloat_AsDouble(args[6]);
+    if (PyErr_Occurred()) return NULL;
+    if (B < 1 || B > 1 << 20) Py_RETURN_NONE;
+    int32_t *out = malloc(sizeof(int32_t) * (size_t)B);
+    if (!out) return PyErr_NoMemory();
+    PyObject *result;
+    if (fn(cfg, cost, accs, (int)B, (int)sources, calibration, out) != 0) {
+        result = Py_None;
+        Py_INCREF(result);
+    } else {
+        result = PyList_New(B);
+        for (long b = 0; result && b < B; b++) {
+            PyObject *v = PyLong_FromLong(out[b]);
+            if (!v) {
+                Py_CLEAR(result);
+                break;
+            }
+            PyList_SET_ITEM(result, b, v);
+        }
+    }
+    free(out);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"select", (PyCFunction)(void (*)(void))select_trees, METH_FASTCALL,
+     "select(fn, cfg, cost, accs, trees, calibration, window_rate): (kept, expected, flat) or None"},
+    {"observe_all", (PyCFunction)(void (*)(void))observe_all, METH_FASTCALL,
+     "observe_all(fn, cfg, accs, flat, outcomes): (credit, columns) or None"},
+    {"max_depth", (PyCFunction)(void (*)(void))max_depth, METH_FASTCALL,
+     "max_depth(fn, cfg, cost, accs, B, sources, calibration): depths or None"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_plannerext", NULL, -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__plannerext(void) {
+    const char *names[] = {"flat", "parents", "depths", "sources", "group", "candidate", "path", "rows"};
+    PyObject **slots[] = {&s_flat, &s_parents, &s_depths, &s_sources, &s_group, &s_candidate, &s_path, &s_rows};
+    for (int i = 0; i < 8; i++)
+        if (!(*slots[i] = PyUnicode_InternFromString(names[i]))) return NULL;
+    return PyModule_Create(&module);
+}
