@@ -127,6 +127,19 @@ class Staging:
             self._views[key] = v = v if shape is None else v.view(shape)
         return v
 
+    def layout(self, key: tuple, device="cpu") -> tuple:
+        """The kept (tokens, meta, logits rows) of the layout ``key`` = (B, rows, table width,
+        mask words, logits rows or -1 for every row, the sequences' tree flags where there are
+        mask words), made (and the buffers grown) where it is new."""
+        packed = self.steps.get(key)
+        if packed is None:
+            B, n, width, n_words, R, trees = key
+            self.fit(B, n, B * width, n * n_words, max(R, 0))
+            if len(self.steps) >= MAX_REUSED:
+                self.steps.clear()
+            packed = self.steps[key] = self.step(B, n, width, n_words, R, list(trees), device)
+        return packed
+
     def step(self, B: int, n: int, width: int, n_words: int, R: int, trees: list[bool], device) -> tuple:
         """The (tokens, meta, logits rows or None) views of a step of this layout (``R`` < 0:
         every row), after ``fit``."""
@@ -256,13 +269,8 @@ def pack(cache, inputs: list, vocab: int, max_context: int, device, staging: Opt
     tail = (_ptr(blocks), _ptr(block_off), _ptr(n_blocks), cache.block_size, width, n_words, int(with_idx), n, B,
             R if with_idx else 0)
     if staging is not None and torch.device(device).type == "cpu":
-        key = (B, n, width, n_words, R if with_idx else -1, tuple(trees) if n_words else ())
-        packed = staging.steps.get(key)
-        if packed is None:
-            staging.fit(B, n, B * width, n * n_words, R if with_idx else 0)
-            if len(staging.steps) >= MAX_REUSED:
-                staging.steps.clear()
-            packed = staging.steps[key] = staging.step(B, n, width, n_words, R if with_idx else -1, trees, device)
+        packed = staging.layout((B, n, width, n_words, R if with_idx else -1, tuple(trees) if n_words else ()),
+                                device)
         lib.pack_step(B, *args, *tail, _ptr(staging.at32), _ptr(staging.at64), _ptr(staging.i32),
                       _ptr(staging.i64), None)
         packed[1].max_seqlen_q = max(T)

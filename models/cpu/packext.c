@@ -7,8 +7,9 @@
  *
  * It takes the common case only and answers None, having changed nothing, for anything else:
  * an explicit mask, a value that is not an int32 / int64 integer, a list of the wrong length,
- * an input pack_check refuses, a pool without the blocks the step needs, a layout the staging
- * has not met yet. The Python glue then takes the step and says what is wrong. */
+ * an input pack_check refuses, a pool without the blocks the step needs. The Python glue then
+ * takes the step and says what is wrong. A layout the staging has not met is made by its
+ * ``layout`` method (tensor views), called from here. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -26,7 +27,7 @@ void pack_step(int B, const int32_t *T, const int32_t *off, const int64_t *token
                const int64_t *at64, int32_t *i32, int64_t *i64, uint8_t *causal);
 
 static PyObject *s_seq_id, *s_tokens, *s_depths, *s_mask, *s_logits_rows, *s_parents, *s_steps, *s_i32, *s_i64,
-    *s_at32, *s_at64, *s_max_seqlen_q;
+    *s_at32, *s_at64, *s_max_seqlen_q, *s_layout;
 
 /* The step's arrays (one allocation; sized from the inputs' lengths). */
 typedef struct {
@@ -37,17 +38,20 @@ typedef struct {
     PyObject **block_lists;
 } Step;
 
-/* items of a list or tuple (borrowed), or NULL (not one: the caller answers None) */
-static inline PyObject **items_of(PyObject *o, Py_ssize_t *n) {
+/* the items of a list or tuple (borrowed) in *items, their number in *n; 0 where o is neither (the
+ * caller answers None). An empty list's items pointer may be NULL: it is never read. */
+static inline int items_of(PyObject *o, PyObject ***items, Py_ssize_t *n) {
     if (PyList_CheckExact(o)) {
         *n = PyList_GET_SIZE(o);
-        return ((PyListObject *)o)->ob_item;
+        *items = ((PyListObject *)o)->ob_item;
+        return 1;
     }
     if (PyTuple_CheckExact(o)) {
         *n = PyTuple_GET_SIZE(o);
-        return ((PyTupleObject *)o)->ob_item;
+        *items = ((PyTupleObject *)o)->ob_item;
+        return 1;
     }
-    return NULL;
+    return 0;
 }
 
 /* v as an integer in [lo, hi]; 0 and no error set where it is not one */
@@ -109,10 +113,11 @@ static PyObject *pack_staged(PyObject *self, PyObject *const *args, Py_ssize_t n
         for (int j = 0; j < 6; j++)
             if (!(f[b * 6 + j] = PyObject_GetAttr(inp, names[j]))) goto error;
         Py_ssize_t t, k;
-        if (f[b * 6 + 3] != Py_None || !items_of(f[b * 6 + 1], &t)) goto none;
+        PyObject **it;
+        if (f[b * 6 + 3] != Py_None || !items_of(f[b * 6 + 1], &it, &t)) goto none;
         n_total += t;
         if (f[b * 6 + 4] != Py_None) {
-            if (!items_of(f[b * 6 + 4], &k)) goto none;
+            if (!items_of(f[b * 6 + 4], &it, &k)) goto none;
             rows_total += k;
         }
         PyObject *own = PyDict_GetItemWithError(blocks, f[b * 6]);
@@ -166,9 +171,9 @@ static PyObject *pack_staged(PyObject *self, PyObject *const *args, Py_ssize_t n
             goto none;
         }
         if (!as_int(len_obj, 0, INT64_MAX, &ctx)) goto none;
-        Py_ssize_t t, k;
-        PyObject **tok = items_of(fb[1], &t);
-        if (t > INT32_MAX / 2 || !copy_ints(tok, t, NULL, s.tokens + n)) goto none;
+        Py_ssize_t t = 0, k = 0;
+        PyObject **tok = NULL, **d, **p, **r = NULL;
+        if (!items_of(fb[1], &tok, &t) || t > INT32_MAX / 2 || !copy_ints(tok, t, NULL, s.tokens + n)) goto none;
         s.T[b] = (int32_t)t;
         s.off[b] = (int32_t)n;
         s.ctx[b] = ctx;
@@ -176,15 +181,13 @@ static PyObject *pack_staged(PyObject *self, PyObject *const *args, Py_ssize_t n
         if (fb[2] == Py_None) {
             for (Py_ssize_t i = 0; i < t; i++) s.depths[n + i] = (int32_t)i;
         } else {
-            PyObject **d = items_of(fb[2], &k);
-            if (!d || k != t || !copy_ints(d, t, s.depths + n, NULL)) goto none;
+            if (!items_of(fb[2], &d, &k) || k != t || !copy_ints(d, t, s.depths + n, NULL)) goto none;
         }
         if (fb[5] == Py_None) {
             memset(s.parents + n, 0, sizeof(int32_t) * (size_t)t);
             s.has_p[b] = 0;
         } else {
-            PyObject **p = items_of(fb[5], &k);
-            if (!p || k != t || !copy_ints(p, t, s.parents + n, NULL)) goto none;
+            if (!items_of(fb[5], &p, &k) || k != t || !copy_ints(p, t, s.parents + n, NULL)) goto none;
             s.has_p[b] = 1;
         }
         s.rows_off[b] = (int32_t)r_n;
@@ -192,8 +195,7 @@ static PyObject *pack_staged(PyObject *self, PyObject *const *args, Py_ssize_t n
             s.n_rows[b] = (int32_t)t;
             s.all_rows[b] = 1;
         } else {
-            PyObject **r = items_of(fb[4], &k);
-            if (!copy_ints(r, k, s.rows + r_n, NULL)) goto none;
+            if (!items_of(fb[4], &r, &k) || !copy_ints(r, k, s.rows + r_n, NULL)) goto none;
             s.n_rows[b] = (int32_t)k;
             s.all_rows[b] = 0;
             r_n += k;
@@ -239,13 +241,12 @@ static PyObject *pack_staged(PyObject *self, PyObject *const *args, Py_ssize_t n
         goto error;
     }
     PyObject *packed = PyDict_CheckExact(steps) ? PyDict_GetItemWithError(steps, key) : NULL;
-    Py_DECREF(key);
     Py_XINCREF(packed);
     Py_DECREF(steps);
-    if (!packed) {
-        if (PyErr_Occurred()) goto error;
-        goto none;
-    }
+    if (!packed && !PyErr_Occurred())  /* a layout not met yet: the staging makes it (and may grow its buffers) */
+        packed = PyObject_CallMethodOneArg(staging, s_layout, key);
+    Py_DECREF(key);
+    if (!packed) goto error;
     /* the staging's buffers */
     PyObject *bufs[4] = {PyObject_GetAttr(staging, s_i32), PyObject_GetAttr(staging, s_i64),
                          PyObject_GetAttr(staging, s_at32), PyObject_GetAttr(staging, s_at64)};
@@ -336,10 +337,10 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_packext", NULL, -1,
 
 PyMODINIT_FUNC PyInit__packext(void) {
     const char *names[] = {"seq_id", "tokens", "depths", "mask", "logits_rows", "parents", "steps", "i32", "i64",
-                           "at32", "at64", "max_seqlen_q"};
+                           "at32", "at64", "max_seqlen_q", "layout"};
     PyObject **slots[] = {&s_seq_id, &s_tokens, &s_depths, &s_mask, &s_logits_rows, &s_parents, &s_steps, &s_i32,
-                          &s_i64, &s_at32, &s_at64, &s_max_seqlen_q};
-    for (int i = 0; i < 12; i++)
+                          &s_i64, &s_at32, &s_at64, &s_max_seqlen_q, &s_layout};
+    for (int i = 0; i < 13; i++)
         if (!(*slots[i] = PyUnicode_InternFromString(names[i]))) return NULL;
     return PyModule_Create(&module);
 }
