@@ -44,9 +44,9 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 # the library, built on first use (planner_core, available)
 LIBRARY = cbuild.OnDemand("decoding-host", SOURCES, FLAGS, LIBS, _declare, "the step planner runs its Python reference")
-# the glue of select / observe_all / max_depth in C (decoding/cpu/plannerext.c, a CPython extension calling the
+# the glue of select / observe_all / max_depth in C (decoding/cpu/glue.c, a CPython extension calling the
 # library's functions by their addresses), built on first use where this Python's headers are installed
-EXT = cbuild.OnDemandModule("_plannerext", [SOURCES[0].with_name("plannerext.c")],
+EXT = cbuild.OnDemandModule("_decoding_glue", [SOURCES[0].with_name("glue.c")],
                             "the planner's compiled calls are glued in Python (ctypes)")
 _use_ext = {"on": True}
 

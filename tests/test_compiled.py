@@ -24,7 +24,7 @@ SOURCES = (PLD, POOL, HARVEST, RECYCLE, SUFFIX, STORE, PLD | SUFFIX, RECYCLE | P
 
 def pair(cost, cfg=None, extension: bool = True) -> tuple[Planner, Planner]:
     """(reference, compiled) planners on the same cost; the compiled one's calls glued in the
-    extension (decoding/cpu/plannerext.c) or in Python."""
+    extension (decoding/cpu/glue.c) or in Python."""
     before, ext = compiled.use_compiled(False), compiled.use_extension(extension)
     try:
         ref = Planner(cost, cfg)

@@ -360,9 +360,9 @@ static PyMethodDef methods[] = {
      "max_depth(fn, cfg, cost, accs, B, sources, calibration): depths or None"},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_plannerext", NULL, -1, methods, NULL, NULL, NULL, NULL};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_decoding_glue", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__plannerext(void) {
+PyMODINIT_FUNC PyInit__decoding_glue(void) {
     const char *names[] = {"flat", "parents", "depths", "sources", "group", "candidate", "path", "rows"};
     PyObject **slots[] = {&s_flat, &s_parents, &s_depths, &s_sources, &s_group, &s_candidate, &s_path, &s_rows};
     for (int i = 0; i < 8; i++)
