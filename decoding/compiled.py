@@ -52,10 +52,15 @@ _use_ext = {"on": True}
 
 
 def use_extension(on: bool) -> bool:
-    """Glue the planner's compiled calls in the extension (True) or in Python (False, for
+    """Glue the host path's compiled calls in the extension (True) or in Python (False, for
     comparison and tests); returns the previous setting. Planners made before keep theirs."""
     before, _use_ext["on"] = _use_ext["on"], bool(on)
     return before
+
+
+def glue():
+    """The extension's module where it is switched on and built, else None."""
+    return EXT.get() if _use_ext["on"] else None
 
 
 def available() -> bool:
@@ -133,7 +138,7 @@ class PlannerCore:
         self._cfg_args: Optional[PlanCfg] = None
         self._accs_of: dict[tuple, ctypes.Array] = {}
         # the extension's glue, with the library's functions' addresses, or None: the Python glue below
-        self._ext = EXT.get() if _use_ext["on"] else None
+        self._ext = glue()
         if self._ext is not None:
             self._fn = {name: ctypes.cast(getattr(lib, f"planner_{name}"), ctypes.c_void_p).value
                         for name in ("select", "observe_batch", "max_depth")}

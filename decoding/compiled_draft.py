@@ -26,6 +26,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Optional
 
+from decoding import compiled
 from decoding.tree import PLD, POOL, RECYCLE, StepTree
 from kernels import cbuild
 
@@ -497,6 +498,7 @@ class CTable:
         self._token = ctypes.c_int32()
         self._free = lib.table_free
         self._seed, self._merge, self._refresh = lib.table_seed, lib.table_merge_into, lib.table_refresh
+        self._refresh_at = ctypes.cast(lib.table_refresh, ctypes.c_void_p).value  # for the C glue
         self._get, self._entry, self._len, self._grow = lib.table_get, lib.table_entry, lib.table_len, lib.table_grow
 
     def __del__(self):
@@ -524,6 +526,19 @@ class CTable:
         if len(flat) != n * k:
             raise ValueError(f"CTable.refresh: rows of one call have one length, got {sorted(set(map(len, rows)))}")
         self.refresh_flat(array("i", tokens[:n]), flat, k)
+
+    def learn(self, tokens: list[int], rows: dict[int, int], path: list[int], top: list[list[int]]) -> bool:
+        """recycle.learn_from's refresh in one call of the C glue (decoding/cpu/glue.c): the rows'
+        nodes in increasing order, those off ``path`` first, ``table[tokens[n]] = top[rows[n]]``;
+        False where the glue is not built or does not take it (the caller then refreshes)."""
+        glue = compiled.glue()
+        if glue is None:
+            return False
+        rc = glue.learn(self._refresh_at, self._h, tokens, rows, path, top)
+        if rc is None:
+            return False
+        _ok(rc, "CTable.refresh")
+        return True
 
     def __setitem__(self, tok: int, row) -> None:
         self.refresh([tok], [row])

@@ -139,6 +139,9 @@ class Recycle(Proposer[RecycleState]):
 
 def learn_from(table: Table, outcome: Outcome, top_k: int) -> None:
     """Refresh the table from every row of the step, the accepted path last."""
+    if not isinstance(table, dict) and table.learn(outcome.tree.tokens, outcome.rows, outcome.path,
+                                                   outcome.top_rows(top_k)):
+        return  # the compiled table, refreshed by the C glue in this order
     on_path, nodes = set(outcome.path), sorted(outcome.rows)
     nodes = [n for n in nodes if n not in on_path] + [n for n in nodes if n in on_path]
     top = outcome.top_rows(top_k)  # every row (no gathered copy of the logits), with the argmax when greedy

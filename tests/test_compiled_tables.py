@@ -251,3 +251,57 @@ def test_history_long():
         c.extend(more)
         kw = rng.choice(ARGS)
         assert c.search(**kw) == ngram_match_lists([hist], **kw)[0]
+
+
+class _Outcome:
+    """What learn_from reads of a step's outcome."""
+
+    def __init__(self, tokens, rows, path, top):
+        self.tree, self.rows, self.path, self._top = StepTree(tokens=tokens), rows, path, top
+
+    def top_rows(self, k):
+        return self._top
+
+
+@pytest.mark.parametrize("glue", [True, False], ids=["c-glue", "python-glue"])
+def test_learn_from_refreshes_a_compiled_table_as_the_dict(glue):
+    """recycle.learn_from on a compiled table, through decoding/cpu/glue.c (every row in the
+    reference's order into table_refresh) or the Python fold, against the dict reference:
+    the same rows in the same order, over random steps whose nodes repeat tokens, rows given in
+    any order, accepted paths anywhere."""
+    from decoding import compiled
+    from decoding.recycle import learn_from
+
+    if glue and compiled.glue() is None:
+        pytest.skip(f"the C glue did not build: {compiled.EXT.reason}")
+    before = compiled.use_extension(glue)
+    calls = {"glue": 0}
+    try:
+        rng = random.Random(7)
+        for trial in range(200):
+            K, vocab = rng.randrange(1, 6), rng.randrange(2, 9)
+            ref, table = {}, CTable(K)
+            for step in range(rng.randrange(1, 5)):
+                n = rng.randrange(1, 30)
+                tokens = [rng.randrange(vocab) for _ in range(n)]
+                nodes = sorted(rng.sample(range(n), rng.randrange(0, n + 1)))
+                if rng.random() < 0.3:
+                    rng.shuffle(nodes)  # a dict in another order than the nodes'
+                order = list(range(len(nodes)))
+                rng.shuffle(order)
+                rows = dict(zip(nodes, order))
+                path = [0] + sorted(rng.sample(range(1, n), rng.randrange(0, min(4, n - 1) + 1)))
+                k = rng.randrange(K + 1)
+                top = [[rng.randrange(vocab) for _ in range(k)] for _ in nodes]
+                out = _Outcome(tokens, rows, path, top)
+                learn_from(ref, out, K)
+                done = table.learn(tokens, rows, path, top) if glue else False
+                calls["glue"] += done
+                if not done:
+                    learn_from(table, out, K)
+                assert_same(table, ref, vocab)
+        assert not glue or calls["glue"] > 300
+        with pytest.raises(ValueError, match="one length"):  # rows of two lengths: the Python glue says so
+            learn_from(CTable(3), _Outcome([1, 2], {0: 0, 1: 1}, [0], [[1], [1, 2]]), 3)
+    finally:
+        compiled.use_extension(before)

@@ -1,13 +1,18 @@
-/* The glue of the step planner's compiled calls as a CPython extension (decoding/compiled.py,
- * ``PlannerCore``): a step's trees read straight from their Python fields (a tree built in C:
- * its arrays, through the buffer protocol; any other: its lists), flattened, and planner.c's
- * functions called through the addresses the ctypes library gives (one copy of the arithmetic);
- * the outcomes' paths and rows read from their lists and dicts the same way. The Python glue
- * beside it builds a dozen arrays and a ctypes call of 20 arguments per call;
- * tests/test_compiled.py holds the two equal (selections, expectations, what is learnt).
+/* The decoding host path's glue as a CPython extension: Python objects read where they are and
+ * the compiled libraries' functions called through the addresses their ctypes handles give (one
+ * copy of each computation). The Python glue beside each function builds arrays from lists and
+ * makes a ctypes call of many arguments; tests hold the two equal.
  *
- * It answers None where it does not take the call (a field that is not what a tree's is, a
- * node outside its tree): the Python glue then does. */
+ * - The step planner (decoding/compiled.py, ``PlannerCore``): a step's trees read from their
+ *   fields (a tree built in C: its arrays, through the buffer protocol; any other: its lists),
+ *   flattened, planner.c called; the outcomes' paths and rows read from their lists and dicts
+ *   (tests/test_compiled.py).
+ * - The recycled table's refresh from a step (decoding/recycle.py, ``learn_from``): every row's
+ *   token and top-k gathered in the reference's order into tables.c's ``table_refresh``
+ *   (tests/test_compiled_draft.py).
+ *
+ * A function answers None where it does not take the call (a field that is not what it should
+ * be, a node outside its tree): the Python glue then does, and says what is wrong. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -351,7 +356,95 @@ static PyObject *max_depth(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return result;
 }
 
+typedef int (*refresh_fn)(void *table, const int32_t *tokens, const int32_t *rows_flat, int n_rows, int k);
+
+static int cmp_i32(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* learn(fn, table, tokens, rows, path, top) -> table_refresh's code, or None: recycle.learn_from on a
+ * compiled table. The rows' nodes in increasing order, those off the accepted path first, each
+ * giving (tokens[node], top[rows[node]]) to the table in that order (later rows overwrite earlier
+ * ones, as the reference's dict assignments). */
+static PyObject *learn(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "learn takes 6 arguments");
+        return NULL;
+    }
+    refresh_fn fn = (refresh_fn)addr(args[0]);
+    void *table = addr(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *tokens = args[2], *rows = args[3], *path = args[4], *top = args[5];
+    if (!PyList_CheckExact(tokens) || !PyDict_CheckExact(rows) || !PyList_CheckExact(path) || !PyList_CheckExact(top))
+        Py_RETURN_NONE;
+    const Py_ssize_t n_nodes = PyList_GET_SIZE(tokens), R = PyDict_GET_SIZE(rows);
+    if (R == 0) return PyLong_FromLong(0);
+    const Py_ssize_t k = PyList_CheckExact(PyList_GET_ITEM(top, 0)) ? PyList_GET_SIZE(PyList_GET_ITEM(top, 0)) : -1;
+    if (PyList_GET_SIZE(top) < 1 || k < 0) Py_RETURN_NONE;
+    int32_t *nodes = malloc(sizeof(int32_t) * (size_t)(2 * R + R * k + 1));
+    uint8_t *on = calloc((size_t)n_nodes + 1, 1);
+    int32_t *row_of = malloc(sizeof(int32_t) * ((size_t)n_nodes + 1));
+    PyObject *result = NULL;
+    if (!nodes || !on || !row_of) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int32_t *order = nodes + R, *flat = order + R;
+    Py_ssize_t pos = 0, i = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(rows, &pos, &key, &value)) {
+        const long node = PyLong_Check(key) ? PyLong_AsLong(key) : -1;
+        const long row = PyLong_Check(value) ? PyLong_AsLong(value) : -1;
+        if (node < 0 || node >= n_nodes || row < 0 || row >= PyList_GET_SIZE(top)) goto none;
+        nodes[i++] = (int32_t)node;
+        row_of[node] = (int32_t)row;
+    }
+    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(path); j++) {
+        PyObject *v = PyList_GET_ITEM(path, j);
+        const long node = PyLong_Check(v) ? PyLong_AsLong(v) : -1;
+        if (node < 0 || node >= n_nodes) goto none;
+        on[node] = 1;
+    }
+    int sorted = 1;
+    for (Py_ssize_t j = 1; j < R && sorted; j++) sorted = nodes[j - 1] < nodes[j];
+    if (!sorted) qsort(nodes, (size_t)R, sizeof(int32_t), cmp_i32);
+    Py_ssize_t m = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (Py_ssize_t j = 0; j < R; j++)
+            if (on[nodes[j]] == pass) order[m++] = nodes[j];
+    for (Py_ssize_t j = 0; j < R; j++) {
+        const int32_t node = order[j];
+        long long x;
+        PyObject *tok = PyList_GET_ITEM(tokens, node), *row = PyList_GET_ITEM(top, row_of[node]);
+        if (!PyLong_Check(tok) || !PyList_CheckExact(row) || PyList_GET_SIZE(row) != k) goto none;
+        x = PyLong_AsLongLong(tok);
+        if (x < INT32_MIN || x > INT32_MAX || (x == -1 && PyErr_Occurred())) goto none;
+        nodes[j] = (int32_t)x;  /* the order's tokens, over the nodes (read before) */
+        for (Py_ssize_t c = 0; c < k; c++) {
+            PyObject *v = PyList_GET_ITEM(row, c);
+            const long long y = PyLong_Check(v) ? PyLong_AsLongLong(v) : INT64_MIN;
+            if (y < INT32_MIN || y > INT32_MAX || (y == -1 && PyErr_Occurred())) goto none;
+            flat[j * k + c] = (int32_t)y;
+        }
+    }
+    result = PyLong_FromLong(fn(table, nodes, flat, (int)R, (int)k));
+    goto done;
+none:
+    PyErr_Clear();
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    free(nodes);
+    free(on);
+    free(row_of);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"learn", (PyCFunction)(void (*)(void))learn, METH_FASTCALL,
+     "learn(fn, table, tokens, rows, path, top): recycle.learn_from into a compiled table; its code or None"},
     {"select", (PyCFunction)(void (*)(void))select_trees, METH_FASTCALL,
      "select(fn, cfg, cost, accs, trees, calibration, window_rate): (kept, expected, flat) or None"},
     {"observe_all", (PyCFunction)(void (*)(void))observe_all, METH_FASTCALL,
