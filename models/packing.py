@@ -37,8 +37,9 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 # the library, built on first use (enabled)
 LIBRARY = cbuild.OnDemand("models-pack", SOURCES, FLAGS, [], _declare, "steps are packed by the Python reference")
-# the glue of a staged CPU step in one call (models/cpu/packext.c: pack.c and a CPython extension), built on first
-# use where this Python's headers are installed; else the Python glue below calls the library
+# the glue of a staged CPU step and of a CUDA graph's padded inputs in one call each (models/cpu/packext.c: pack.c
+# and a CPython extension), built on first use where this Python's headers are installed; else the Python glue
+# below calls the library
 EXT = cbuild.OnDemandModule("_packext", [SOURCES[0], SOURCES[0].with_name("packext.c")],
                             "a step's packing is glued in Python (ctypes)")
 
@@ -304,6 +305,11 @@ def pack_padded(cache, inputs: list, vocab: int, max_context: int, dims: tuple, 
     of its per-sequence flags (or None), padding as ``pack_step`` says. The cache room is
     reserved. Returns (rows, logits rows) of the step; None, with nothing reserved, where the
     reference must take it (as ``pack``) or where a sequence holds more blocks than the width."""
+    if type(inputs) is list and _ext():
+        got = EXT.module.pack_padded(inputs, cache.lengths, cache.blocks, cache.free_blocks, cache.block_size, vocab,
+                                     max_context, dims, at32, at64, i32, i64, causal)
+        if got is not None:
+            return got
     rows_pad, batch_pad, width, words, r_pad = dims
     B = len(inputs)
     gathered = _gather(cache, inputs)

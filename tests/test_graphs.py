@@ -85,12 +85,27 @@ def test_a_padded_step_gives_the_unpadded_logits(tiny_triton):
 
 
 @torch.inference_mode()
-def test_a_staged_step_fills_the_graph_inputs_as_the_copies_do(tiny_triton):
+@pytest.mark.parametrize("glue", ["extension", "python"])
+def test_a_staged_step_fills_the_graph_inputs_as_the_copies_do(tiny_triton, glue, monkeypatch):
     """``StepGraphs.stage`` (the step packed on the host in the graph's own layout, padded, one
-    copy) against its reference, ``prepare`` then ``_fill`` (a copy per piece), byte for byte:
-    every kind of step, in turn, so each shape's buffers hold an earlier step's values."""
+    copy; glued in the extension, models/cpu/packext.c, or in Python) against its reference,
+    ``prepare`` then ``_fill`` (a copy per piece), byte for byte: every kind of step, in turn,
+    so each shape's buffers hold an earlier step's values."""
     if not packing.enabled():
         pytest.skip(f"the compiled packing did not build: {packing.LIBRARY.reason}")
+    if glue == "extension" and packing.EXT.get() is None:
+        pytest.skip(f"the packing's extension did not build: {packing.EXT.reason}")
+    monkeypatch.setattr(packing, "_use_ext", {"on": glue == "extension"})
+    calls = {"ext": 0}
+    if glue == "extension":
+        real = packing.EXT.module.pack_padded
+
+        def counted(*a):
+            out = real(*a)
+            calls["ext"] += out is not None
+            return out
+
+        monkeypatch.setattr(packing.EXT.module, "pack_padded", counted)
     staged, filled = _runner(tiny_triton, True), _runner(tiny_triton, True)
     for r in (staged, filled):
         r.add_sequence(3)
@@ -105,6 +120,7 @@ def test_a_staged_step_fills_the_graph_inputs_as_the_copies_do(tiny_triton):
         [StepInput(0, [3]), StepInput(1, [4]), StepInput(2, [6]), StepInput(3, [1, 2, 3, 4], **tree4)],
         [StepInput(0, [3]), StepInput(1, [1, 2, 3, 4], **tree4), StepInput(2, [6])],
     ]
+    calls["ext"] = 0  # the prefills above went through it too
     for step in steps + steps[::-1] + steps:
         got = staged.graphs.stage(step, V, ctx)
         if any(inp.mask is not None for inp in step):  # an explicit mask: the reference path takes it
@@ -121,10 +137,14 @@ def test_a_staged_step_fills_the_graph_inputs_as_the_copies_do(tiny_triton):
         for r in (staged, filled):
             r.commit({inp.seq_id: [0] for inp in step})
     assert [staged.context_len(s) for s in range(4)] == [filled.context_len(s) for s in range(4)]
+    assert staged.cache.blocks == filled.cache.blocks and staged.cache.free_blocks == filled.cache.free_blocks
+    assert calls["ext"] == (3 * 11 if glue == "extension" else 0)  # every step without an explicit mask
     # refused: nothing reserved, the reference then names what is wrong; too large: run() takes it
     free = len(staged.cache.free_blocks)
     assert staged.graphs.stage([StepInput(0, [3, V])], V, ctx) is None
     assert staged.graphs.stage([StepInput(0, list(range(1, 300)))], V, ctx) is None
+    monkeypatch.setattr(staged.graphs, "width", 2)  # graphs whose block tables are narrower than sequence 1's
+    assert staged.graphs.stage([StepInput(1, [3])], V, ctx) is None
     assert len(staged.cache.free_blocks) == free
     with pytest.raises(ValueError, match="token ids"):
         staged.step([StepInput(0, [3, V])])

@@ -83,6 +83,200 @@ static int copy_ints(PyObject **it, Py_ssize_t n, int32_t *d32, int64_t *d64) {
     return 1;
 }
 
+/* A step gathered from its StepInputs (``Gathered``): the fields (new references), the arrays, the
+ * cache room each sequence needs. */
+typedef struct {
+    Py_ssize_t B, n, r_n, maxT, need, width, R;
+    int n_words, any_tree;
+    long bs;
+    PyObject **f;
+    Step s;
+} Gathered;
+
+static void gathered_free(Gathered *g) {
+    if (g->f)
+        for (Py_ssize_t j = 0; j < g->B * 6; j++) Py_XDECREF(g->f[j]);
+    free(g->f);
+    free(g->s.mem);
+}
+
+/* models/packing.py's _gather and pack_check over inputs (args: inputs, lengths, blocks, free_blocks,
+ * block_size, vocab, max_context), then the room each sequence needs (KVCache.reserve, checked before
+ * anything changes: the pool holds it). 1: gathered; 0: not taken (nothing set); -1: an error. */
+static int gather(PyObject *const *args, Gathered *g) {
+    PyObject *inputs = args[0], *lengths = args[1], *blocks = args[2], *free_blocks = args[3];
+    const long bs = PyLong_AsLong(args[4]);
+    const long long vocab = PyLong_AsLongLong(args[5]), max_context = PyLong_AsLongLong(args[6]);
+    memset(g, 0, sizeof *g);
+    if (PyErr_Occurred()) return -1;
+    if (!PyList_CheckExact(inputs) || !PyDict_CheckExact(lengths) || !PyDict_CheckExact(blocks) ||
+        !PyList_CheckExact(free_blocks) || bs < 1)
+        return 0;
+    const Py_ssize_t B = PyList_GET_SIZE(inputs);
+    if (B < 1 || B > 1 << 20) return 0;
+    g->B = B;
+    g->bs = bs;
+    /* the inputs' fields (new references, released by gathered_free) */
+    PyObject **f = g->f = calloc((size_t)B * 6, sizeof(PyObject *));
+    if (!f) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Step *sp = &g->s;
+    Py_ssize_t n_total = 0, rows_total = 0, blocks_total = 0;
+    PyObject *names[6] = {s_seq_id, s_tokens, s_depths, s_mask, s_logits_rows, s_parents};
+    for (Py_ssize_t b = 0; b < B; b++) {
+        PyObject *inp = PyList_GET_ITEM(inputs, b);
+        for (int j = 0; j < 6; j++)
+            if (!(f[b * 6 + j] = PyObject_GetAttr(inp, names[j]))) return -1;
+        Py_ssize_t t, k;
+        PyObject **it;
+        if (f[b * 6 + 3] != Py_None || !items_of(f[b * 6 + 1], &it, &t)) return 0;
+        n_total += t;
+        if (f[b * 6 + 4] != Py_None) {
+            if (!items_of(f[b * 6 + 4], &it, &k)) return 0;
+            rows_total += k;
+        }
+        PyObject *own = PyDict_GetItemWithError(blocks, f[b * 6]);
+        if (!own) return PyErr_Occurred() ? -1 : 0;
+        if (!PyList_CheckExact(own)) return 0;
+        blocks_total += PyList_GET_SIZE(own) + t / bs + 2;
+    }
+    const size_t nb = (size_t)B;
+    const size_t bytes32 = sizeof(int32_t) * (8 * nb + 2 * (size_t)n_total + (size_t)rows_total + (size_t)blocks_total),
+                 bytes64 = sizeof(int64_t) * ((size_t)n_total + nb), bytes8 = 3 * nb,
+                 bytesp = sizeof(PyObject *) * nb;
+    sp->mem = malloc(bytes64 + bytes32 + bytesp + bytes8 + 64);
+    if (!sp->mem) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    {
+        char *m = sp->mem;
+        sp->tokens = (int64_t *)m; m += sizeof(int64_t) * (size_t)n_total;
+        sp->ctx = (int64_t *)m; m += sizeof(int64_t) * nb;
+        sp->block_lists = (PyObject **)m; m += bytesp;
+        int32_t *q = (int32_t *)m;
+        sp->T = q; q += nb;
+        sp->off = q; q += nb;
+        sp->n_rows = q; q += nb;
+        sp->rows_off = q; q += nb;
+        sp->block_off = q; q += nb;
+        sp->n_blocks = q; q += nb;
+        sp->extra = q; q += nb;
+        q += nb;  /* spare */
+        sp->depths = q; q += n_total;
+        sp->parents = q; q += n_total;
+        sp->rows = q; q += rows_total;
+        sp->blocks = q; q += blocks_total;
+        uint8_t *u = (uint8_t *)q;
+        sp->has_d = u; u += nb;
+        sp->has_p = u; u += nb;
+        sp->all_rows = u;
+    }
+    /* gather, as models/packing.py's _gather */
+    Py_ssize_t n = 0, r_n = 0, maxT = 0;
+    for (Py_ssize_t b = 0; b < B; b++) {
+        PyObject **fb = f + b * 6;
+        PyObject *len_obj = PyDict_GetItemWithError(lengths, fb[0]);
+        long long ctx;
+        if (!len_obj) return PyErr_Occurred() ? -1 : 0;
+        if (!as_int(len_obj, 0, INT64_MAX, &ctx)) return 0;
+        Py_ssize_t t = 0, k = 0;
+        PyObject **tok = NULL, **d, **p, **r = NULL;
+        if (!items_of(fb[1], &tok, &t) || t > INT32_MAX / 2 || !copy_ints(tok, t, NULL, sp->tokens + n)) return 0;
+        sp->T[b] = (int32_t)t;
+        sp->off[b] = (int32_t)n;
+        sp->ctx[b] = ctx;
+        sp->has_d[b] = 1;
+        if (fb[2] == Py_None) {
+            for (Py_ssize_t i = 0; i < t; i++) sp->depths[n + i] = (int32_t)i;
+        } else if (!items_of(fb[2], &d, &k) || k != t || !copy_ints(d, t, sp->depths + n, NULL)) {
+            return 0;
+        }
+        if (fb[5] == Py_None) {
+            memset(sp->parents + n, 0, sizeof(int32_t) * (size_t)t);
+            sp->has_p[b] = 0;
+        } else {
+            if (!items_of(fb[5], &p, &k) || k != t || !copy_ints(p, t, sp->parents + n, NULL)) return 0;
+            sp->has_p[b] = 1;
+        }
+        sp->rows_off[b] = (int32_t)r_n;
+        if (fb[4] == Py_None) {
+            sp->n_rows[b] = (int32_t)t;
+            sp->all_rows[b] = 1;
+        } else {
+            if (!items_of(fb[4], &r, &k) || !copy_ints(r, k, sp->rows + r_n, NULL)) return 0;
+            sp->n_rows[b] = (int32_t)k;
+            sp->all_rows[b] = 0;
+            r_n += k;
+        }
+        n += t;
+        if (t > maxT) maxT = t;
+    }
+    if (pack_check((int)B, sp->T, sp->off, sp->tokens, sp->depths, sp->parents, sp->has_d, sp->has_p, sp->ctx,
+                   sp->n_rows, sp->rows_off, r_n ? sp->rows : NULL, sp->all_rows, vocab, max_context) != 0)
+        return 0;
+    /* the room each sequence needs (KVCache.reserve), checked before anything changes */
+    Py_ssize_t need = 0, width = 1, R = 0;
+    int any_tree = 0, n_words = 0;
+    for (Py_ssize_t b = 0; b < B; b++) {
+        PyObject *own = PyDict_GetItem(blocks, f[b * 6]);  /* present: checked above */
+        sp->block_lists[b] = own;
+        const Py_ssize_t have = PyList_GET_SIZE(own), want = (Py_ssize_t)((sp->ctx[b] + sp->T[b] + bs - 1) / bs);
+        sp->extra[b] = want > have ? (int32_t)(want - have) : 0;
+        if (sp->extra[b] > sp->T[b] / bs + 2) return 0;  /* a length beyond its blocks (the room sized above) */
+        need += sp->extra[b];
+        if (have + sp->extra[b] > width) width = have + sp->extra[b];
+        R += sp->n_rows[b];
+        if (sp->has_p[b]) {
+            any_tree = 1;
+            if ((sp->T[b] + 31) / 32 > n_words) n_words = (sp->T[b] + 31) / 32;
+        }
+    }
+    if (need > PyList_GET_SIZE(free_blocks)) return 0;  /* the Python glue raises KVCacheFull */
+    g->n = n;
+    g->r_n = r_n;
+    g->maxT = maxT;
+    g->need = need;
+    g->width = width;
+    g->R = R;
+    g->n_words = n_words;
+    g->any_tree = any_tree;
+    return 1;
+}
+
+/* The room reserved (the last free blocks, popped one by one as KVCache.reserve does) and every
+ * sequence's blocks flattened; 0, or -1 with an error set. */
+static int reserve(Gathered *g, PyObject *free_blocks) {
+    Step *sp = &g->s;
+    Py_ssize_t bo = 0;
+    for (Py_ssize_t b = 0; b < g->B; b++) {
+        PyObject *own = sp->block_lists[b];
+        for (int e = 0; e < sp->extra[b]; e++) {
+            const Py_ssize_t last = PyList_GET_SIZE(free_blocks) - 1;
+            PyObject *blk = PyList_GET_ITEM(free_blocks, last);
+            Py_INCREF(blk);
+            const int bad = PyList_SetSlice(free_blocks, last, last + 1, NULL) != 0 || PyList_Append(own, blk) != 0;
+            Py_DECREF(blk);
+            if (bad) return -1;
+        }
+        const Py_ssize_t have = PyList_GET_SIZE(own);
+        sp->block_off[b] = (int32_t)bo;
+        sp->n_blocks[b] = (int32_t)have;
+        for (Py_ssize_t j = 0; j < have; j++) {
+            long long x;
+            if (!as_int(PyList_GET_ITEM(own, j), INT32_MIN, INT32_MAX, &x)) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a cache block id is not an int32");
+                return -1;
+            }
+            sp->blocks[bo + j] = (int32_t)x;
+        }
+        bo += have;
+    }
+    return 0;
+}
+
 /* pack_staged(inputs, lengths, blocks, free_blocks, block_size, vocab, max_context, staging)
  * -> the staged (tokens, meta, logits rows) of the step, or None (nothing changed). */
 static PyObject *pack_staged(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -91,239 +285,115 @@ static PyObject *pack_staged(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "pack_staged takes 8 arguments");
         return NULL;
     }
-    PyObject *inputs = args[0], *lengths = args[1], *blocks = args[2], *free_blocks = args[3], *staging = args[7];
-    const long bs = PyLong_AsLong(args[4]);
-    const long long vocab = PyLong_AsLongLong(args[5]), max_context = PyLong_AsLongLong(args[6]);
-    if (PyErr_Occurred()) return NULL;
-    if (!PyList_CheckExact(inputs) || !PyDict_CheckExact(lengths) || !PyDict_CheckExact(blocks) ||
-        !PyList_CheckExact(free_blocks) || bs < 1)
-        Py_RETURN_NONE;
-    const Py_ssize_t B = PyList_GET_SIZE(inputs);
-    if (B < 1 || B > 1 << 20) Py_RETURN_NONE;
-
-    /* the inputs' fields (new references, released at the end) */
-    PyObject **f = calloc((size_t)B * 6, sizeof(PyObject *));
-    if (!f) return PyErr_NoMemory();
-    PyObject *result = NULL;
-    Step s = {0};
-    Py_ssize_t n_total = 0, rows_total = 0, blocks_total = 0;
-    PyObject *names[6] = {s_seq_id, s_tokens, s_depths, s_mask, s_logits_rows, s_parents};
-    for (Py_ssize_t b = 0; b < B; b++) {
-        PyObject *inp = PyList_GET_ITEM(inputs, b);
-        for (int j = 0; j < 6; j++)
-            if (!(f[b * 6 + j] = PyObject_GetAttr(inp, names[j]))) goto error;
-        Py_ssize_t t, k;
-        PyObject **it;
-        if (f[b * 6 + 3] != Py_None || !items_of(f[b * 6 + 1], &it, &t)) goto none;
-        n_total += t;
-        if (f[b * 6 + 4] != Py_None) {
-            if (!items_of(f[b * 6 + 4], &it, &k)) goto none;
-            rows_total += k;
-        }
-        PyObject *own = PyDict_GetItemWithError(blocks, f[b * 6]);
-        if (!own) {
-            if (PyErr_Occurred()) goto error;
-            goto none;
-        }
-        if (!PyList_CheckExact(own)) goto none;
-        blocks_total += PyList_GET_SIZE(own) + t / bs + 2;
-    }
-    const size_t nb = (size_t)B;
-    const size_t bytes32 = sizeof(int32_t) * (8 * nb + 2 * (size_t)n_total + (size_t)rows_total + (size_t)blocks_total),
-                 bytes64 = sizeof(int64_t) * ((size_t)n_total + nb), bytes8 = 3 * nb,
-                 bytesp = sizeof(PyObject *) * nb;
-    s.mem = malloc(bytes64 + bytes32 + bytesp + bytes8 + 64);
-    if (!s.mem) {
-        PyErr_NoMemory();
-        goto error;
-    }
-    {
-        char *m = s.mem;
-        s.tokens = (int64_t *)m; m += sizeof(int64_t) * (size_t)n_total;
-        s.ctx = (int64_t *)m; m += sizeof(int64_t) * nb;
-        s.block_lists = (PyObject **)m; m += bytesp;
-        int32_t *q = (int32_t *)m;
-        s.T = q; q += nb;
-        s.off = q; q += nb;
-        s.n_rows = q; q += nb;
-        s.rows_off = q; q += nb;
-        s.block_off = q; q += nb;
-        s.n_blocks = q; q += nb;
-        s.extra = q; q += nb;
-        q += nb;  /* spare: rows never empty below */
-        s.depths = q; q += n_total;
-        s.parents = q; q += n_total;
-        s.rows = q; q += rows_total;
-        s.blocks = q; q += blocks_total;
-        uint8_t *u = (uint8_t *)q;
-        s.has_d = u; u += nb;
-        s.has_p = u; u += nb;
-        s.all_rows = u;
-    }
-    /* gather, as models/packing.py's _gather */
-    Py_ssize_t n = 0, r_n = 0, maxT = 0;
-    for (Py_ssize_t b = 0; b < B; b++) {
-        PyObject **fb = f + b * 6;
-        PyObject *len_obj = PyDict_GetItemWithError(lengths, fb[0]);
-        long long ctx;
-        if (!len_obj) {
-            if (PyErr_Occurred()) goto error;
-            goto none;
-        }
-        if (!as_int(len_obj, 0, INT64_MAX, &ctx)) goto none;
-        Py_ssize_t t = 0, k = 0;
-        PyObject **tok = NULL, **d, **p, **r = NULL;
-        if (!items_of(fb[1], &tok, &t) || t > INT32_MAX / 2 || !copy_ints(tok, t, NULL, s.tokens + n)) goto none;
-        s.T[b] = (int32_t)t;
-        s.off[b] = (int32_t)n;
-        s.ctx[b] = ctx;
-        s.has_d[b] = 1;
-        if (fb[2] == Py_None) {
-            for (Py_ssize_t i = 0; i < t; i++) s.depths[n + i] = (int32_t)i;
-        } else {
-            if (!items_of(fb[2], &d, &k) || k != t || !copy_ints(d, t, s.depths + n, NULL)) goto none;
-        }
-        if (fb[5] == Py_None) {
-            memset(s.parents + n, 0, sizeof(int32_t) * (size_t)t);
-            s.has_p[b] = 0;
-        } else {
-            if (!items_of(fb[5], &p, &k) || k != t || !copy_ints(p, t, s.parents + n, NULL)) goto none;
-            s.has_p[b] = 1;
-        }
-        s.rows_off[b] = (int32_t)r_n;
-        if (fb[4] == Py_None) {
-            s.n_rows[b] = (int32_t)t;
-            s.all_rows[b] = 1;
-        } else {
-            if (!items_of(fb[4], &r, &k) || !copy_ints(r, k, s.rows + r_n, NULL)) goto none;
-            s.n_rows[b] = (int32_t)k;
-            s.all_rows[b] = 0;
-            r_n += k;
-        }
-        n += t;
-        if (t > maxT) maxT = t;
-    }
-    if (pack_check((int)B, s.T, s.off, s.tokens, s.depths, s.parents, s.has_d, s.has_p, s.ctx, s.n_rows, s.rows_off,
-                   r_n ? s.rows : NULL, s.all_rows, vocab, max_context) != 0)
-        goto none;
-    /* the room each sequence needs (KVCache.reserve), checked before anything changes */
-    Py_ssize_t need = 0, width = 1, R = 0;
-    int any_tree = 0, n_words = 0;
-    for (Py_ssize_t b = 0; b < B; b++) {
-        PyObject *own = PyDict_GetItem(blocks, f[b * 6]);  /* present: checked above */
-        s.block_lists[b] = own;
-        const Py_ssize_t have = PyList_GET_SIZE(own), want = (Py_ssize_t)((s.ctx[b] + s.T[b] + bs - 1) / bs);
-        s.extra[b] = want > have ? (int32_t)(want - have) : 0;
-        if (s.extra[b] > s.T[b] / bs + 2) goto none;  /* a length beyond its blocks (the room sized above) */
-        need += s.extra[b];
-        if (have + s.extra[b] > width) width = have + s.extra[b];
-        R += s.n_rows[b];
-        if (s.has_p[b]) {
-            any_tree = 1;
-            if ((s.T[b] + 31) / 32 > n_words) n_words = (s.T[b] + 31) / 32;
-        }
-    }
-    if (need > PyList_GET_SIZE(free_blocks)) goto none;  /* the Python glue raises KVCacheFull */
-    const int with_idx = R != n;
-    /* the staging's layout (Staging.step), met before: else the Python glue makes it */
-    PyObject *trees = PyTuple_New(any_tree ? B : 0);
-    if (!trees) goto error;
-    for (Py_ssize_t b = 0; any_tree && b < B; b++) {
-        PyObject *v = s.has_p[b] ? Py_True : Py_False;
+    PyObject *staging = args[7], *result = NULL, *packed = NULL;
+    Gathered g;
+    const int got_it = gather(args, &g);
+    if (got_it <= 0) goto end;
+    Step *sp = &g.s;
+    const int with_idx = g.R != g.n;
+    /* the staging's layout (Staging.layout: made where it is new) */
+    PyObject *trees = PyTuple_New(g.any_tree ? g.B : 0);
+    if (!trees) goto end;
+    for (Py_ssize_t b = 0; g.any_tree && b < g.B; b++) {
+        PyObject *v = sp->has_p[b] ? Py_True : Py_False;
         Py_INCREF(v);
         PyTuple_SET_ITEM(trees, b, v);
     }
-    PyObject *key = Py_BuildValue("(nnninN)", B, n, width, n_words, with_idx ? R : (Py_ssize_t)-1, trees);
-    if (!key) goto error;
+    PyObject *key = Py_BuildValue("(nnninN)", g.B, g.n, g.width, g.n_words, with_idx ? g.R : (Py_ssize_t)-1, trees);
+    if (!key) goto end;
     PyObject *steps = PyObject_GetAttr(staging, s_steps);
     if (!steps) {
         Py_DECREF(key);
-        goto error;
+        goto end;
     }
-    PyObject *packed = PyDict_CheckExact(steps) ? PyDict_GetItemWithError(steps, key) : NULL;
+    packed = PyDict_CheckExact(steps) ? PyDict_GetItemWithError(steps, key) : NULL;
     Py_XINCREF(packed);
     Py_DECREF(steps);
     if (!packed && !PyErr_Occurred())  /* a layout not met yet: the staging makes it (and may grow its buffers) */
         packed = PyObject_CallMethodOneArg(staging, s_layout, key);
     Py_DECREF(key);
-    if (!packed) goto error;
+    if (!packed) goto end;
     /* the staging's buffers */
     PyObject *bufs[4] = {PyObject_GetAttr(staging, s_i32), PyObject_GetAttr(staging, s_i64),
                          PyObject_GetAttr(staging, s_at32), PyObject_GetAttr(staging, s_at64)};
     Py_buffer view[4];
-    int got = 0;
-    for (; got < 4; got++)
-        if (!bufs[got] || PyObject_GetBuffer(bufs[got], &view[got], PyBUF_WRITABLE) != 0) break;
-    if (got == 4) {
-        /* reserve: the last free blocks, popped one by one as KVCache.reserve does */
-        Py_ssize_t bo = 0;
-        for (Py_ssize_t b = 0; b < B && got == 4; b++) {
-            PyObject *own = s.block_lists[b];
-            for (int e = 0; e < s.extra[b]; e++) {
-                const Py_ssize_t last = PyList_GET_SIZE(free_blocks) - 1;
-                PyObject *blk = PyList_GET_ITEM(free_blocks, last);
-                Py_INCREF(blk);
-                if (PyList_SetSlice(free_blocks, last, last + 1, NULL) != 0 || PyList_Append(own, blk) != 0) {
-                    Py_DECREF(blk);
-                    got = -1;
-                    break;
-                }
-                Py_DECREF(blk);
-            }
-            if (got != 4) break;
-            const Py_ssize_t have = PyList_GET_SIZE(own);
-            s.block_off[b] = (int32_t)bo;
-            s.n_blocks[b] = (int32_t)have;
-            for (Py_ssize_t j = 0; j < have; j++) {
-                long long x;
-                if (!as_int(PyList_GET_ITEM(own, j), INT32_MIN, INT32_MAX, &x)) {
-                    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a cache block id is not an int32");
-                    got = -1;
-                    break;
-                }
-                s.blocks[bo + j] = (int32_t)x;
-            }
-            bo += have;
-        }
-        if (got == 4) {
-            pack_step((int)B, s.T, s.off, s.tokens, s.depths, s.parents, s.has_d, s.has_p, s.ctx, s.n_rows,
-                      s.rows_off, r_n ? s.rows : NULL, s.all_rows, s.blocks, s.block_off, s.n_blocks, (int)bs,
-                      (int)width, n_words, with_idx, (int)n, (int)B, with_idx ? (int)R : 0, view[2].buf,
-                      view[3].buf, view[0].buf, view[1].buf, NULL);
-        }
-    }
+    int held = 0;
+    while (held < 4 && bufs[held] && PyObject_GetBuffer(bufs[held], &view[held], PyBUF_WRITABLE) == 0) held++;
+    const int ok = held == 4 && reserve(&g, args[3]) == 0;
+    if (ok)
+        pack_step((int)g.B, sp->T, sp->off, sp->tokens, sp->depths, sp->parents, sp->has_d, sp->has_p, sp->ctx,
+                  sp->n_rows, sp->rows_off, g.r_n ? sp->rows : NULL, sp->all_rows, sp->blocks, sp->block_off,
+                  sp->n_blocks, (int)g.bs, (int)g.width, g.n_words, with_idx, (int)g.n, (int)g.B,
+                  with_idx ? (int)g.R : 0, view[2].buf, view[3].buf, view[0].buf, view[1].buf, NULL);
     for (int j = 0; j < 4; j++) {
-        if (j < (got < 0 ? 4 : got)) PyBuffer_Release(&view[j]);
+        if (j < held) PyBuffer_Release(&view[j]);
         Py_XDECREF(bufs[j]);
     }
-    if (got != 4) {
-        Py_DECREF(packed);
-        if (got < 0 || PyErr_Occurred()) goto error;
-        goto none;
+    if (!ok) goto end;
+    PyObject *meta = PyTuple_Check(packed) && PyTuple_GET_SIZE(packed) == 3 ? PyTuple_GET_ITEM(packed, 1) : NULL;
+    PyObject *m = meta ? PyLong_FromSsize_t(g.maxT) : NULL;
+    if (!m || PyObject_SetAttr(meta, s_max_seqlen_q, m) != 0) {
+        Py_XDECREF(m);
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a staged step is not (tokens, meta, rows)");
+        goto end;
     }
-    {
-        PyObject *meta = PyTuple_Check(packed) && PyTuple_GET_SIZE(packed) == 3 ? PyTuple_GET_ITEM(packed, 1) : NULL;
-        PyObject *m = meta ? PyLong_FromSsize_t(maxT) : NULL;
-        if (!m || PyObject_SetAttr(meta, s_max_seqlen_q, m) != 0) {
-            Py_XDECREF(m);
-            Py_DECREF(packed);
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a staged step is not (tokens, meta, rows)");
-            goto error;
-        }
-        Py_DECREF(m);
-    }
+    Py_DECREF(m);
     result = packed;
-    goto done;
-none:
-    result = Py_None;
-    Py_INCREF(result);
-    goto done;
-error:
-    result = NULL;
-done:
-    for (Py_ssize_t j = 0; j < B * 6; j++) Py_XDECREF(f[j]);
-    free(f);
-    free(s.mem);
+    packed = NULL;
+end:
+    Py_XDECREF(packed);
+    gathered_free(&g);
+    if (!result && !PyErr_Occurred()) {
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    return result;
+}
+
+/* pack_padded(inputs, lengths, blocks, free_blocks, block_size, vocab, max_context, dims, at32, at64, i32, i64,
+ * causal) -> (rows, logits rows) or None (nothing changed): models/packing.py's pack_padded (a CUDA graph's
+ * static inputs written on the host), dims = (rows, batch, width, mask words, logits rows) of its padded
+ * shape, at32 / at64 the pieces' offsets (arrays of int64), i32 / i64 / causal addresses (causal: or None). */
+static PyObject *pack_padded(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "pack_padded takes 13 arguments");
+        return NULL;
+    }
+    Py_ssize_t rows_pad, batch_pad, width, words, r_pad;
+    if (!PyArg_ParseTuple(args[7], "nnnnn", &rows_pad, &batch_pad, &width, &words, &r_pad)) return NULL;
+    void *i32 = PyLong_AsVoidPtr(args[10]), *i64 = PyLong_AsVoidPtr(args[11]);
+    void *causal = args[12] == Py_None ? NULL : PyLong_AsVoidPtr(args[12]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *result = NULL;
+    Gathered g;
+    const int got_it = gather(args, &g);
+    if (got_it <= 0) goto end;
+    Step *sp = &g.s;
+    if (g.B > batch_pad || g.n > rows_pad || g.R > r_pad || (words && (g.maxT + 31) / 32 > words) ||
+        (g.any_tree && !words) || g.width > width)  /* a sequence's blocks beyond the graph's table */
+        goto end;
+    Py_buffer v32, v64;
+    if (PyObject_GetBuffer(args[8], &v32, PyBUF_SIMPLE) != 0) goto end;
+    if (PyObject_GetBuffer(args[9], &v64, PyBUF_SIMPLE) != 0) {
+        PyBuffer_Release(&v32);
+        goto end;
+    }
+    if (v32.len >= 5 * 8 && v64.len >= 3 * 8 && reserve(&g, args[3]) == 0) {
+        pack_step((int)g.B, sp->T, sp->off, sp->tokens, sp->depths, sp->parents, sp->has_d, sp->has_p, sp->ctx,
+                  sp->n_rows, sp->rows_off, g.r_n ? sp->rows : NULL, sp->all_rows, sp->blocks, sp->block_off,
+                  sp->n_blocks, (int)g.bs, (int)width, (int)words, 1, (int)rows_pad, (int)batch_pad, (int)r_pad,
+                  v32.buf, v64.buf, i32, i64, causal);
+        result = Py_BuildValue("(nn)", g.n, g.R);
+    }
+    PyBuffer_Release(&v32);
+    PyBuffer_Release(&v64);
+end:
+    gathered_free(&g);
+    if (!result && !PyErr_Occurred()) {
+        result = Py_None;
+        Py_INCREF(result);
+    }
     return result;
 }
 
@@ -331,6 +401,10 @@ static PyMethodDef methods[] = {
     {"pack_staged", (PyCFunction)(void (*)(void))pack_staged, METH_FASTCALL,
      "pack_staged(inputs, lengths, blocks, free_blocks, block_size, vocab, max_context, staging): a CPU step packed "
      "into the staging's buffers, its cache room reserved; None (nothing changed) where the Python glue must take it"},
+    {"pack_padded", (PyCFunction)(void (*)(void))pack_padded, METH_FASTCALL,
+     "pack_padded(inputs, lengths, blocks, free_blocks, block_size, vocab, max_context, dims, at32, at64, i32, i64, "
+     "causal): a step written into a CUDA graph's padded inputs on the host, its cache room reserved; (rows, logits "
+     "rows), or None (nothing changed) where the Python glue must take it"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_packext", NULL, -1, methods, NULL, NULL, NULL, NULL};
