@@ -233,9 +233,15 @@ def _host_path() -> str:
     """Which path the steps' host work takes (decoding/compiled.py; SPECDEC_HOST=ref: the reference)."""
     from decoding import compiled
 
+    from models import packing
+
     where = compiled.path()
-    return where + (": the drafting, the step planner and the packing in C (decoding/cpu, models/cpu)"
-                    if where == "compiled" else "")
+    if where != "compiled":
+        return where
+    missing = [ext.reason or "switched off" for ext, on in ((compiled.EXT, compiled.glue() is not None),
+                                                            (packing.EXT, packing._ext())) if not on]
+    return where + (": the drafting, the step planner and the packing in C (decoding/cpu, models/cpu), "
+                    + (f"their glue in Python ({missing[0]})" if missing else "their glue in C (CPython extensions)"))
 
 
 def _turns(results: list[dict]) -> int:

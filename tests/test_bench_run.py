@@ -665,3 +665,18 @@ def test_batch_size_groups_the_prompts_of_one_task():
     for m in ("ar", "pld"):
         batches = [p for name, p in asked if name == m]
         assert batches == [[1, 3], [4], [2]]  # code's three prompts in batches of 2, then qa's
+
+
+def test_the_header_says_whether_the_host_glue_ran_in_c(monkeypatch):
+    from bench.run import _host_path
+    from decoding import compiled
+    from models import packing
+
+    monkeypatch.setattr(compiled.cbuild, "_host", {"compiled": True})
+    if not compiled.available() or compiled.EXT.get() is None or packing.EXT.get() is None:
+        pytest.skip("the compiled host path or its extensions did not build here")
+    assert _host_path().endswith("their glue in C (CPython extensions)")
+    monkeypatch.setattr(packing, "_use_ext", {"on": False})
+    assert _host_path().endswith("their glue in Python (switched off)")
+    monkeypatch.setattr(compiled.cbuild, "_host", {"compiled": False})
+    assert _host_path() == "reference (switched to it)"
