@@ -244,8 +244,10 @@ class Transformer(nn.Module):
         on the CPU; built on first use and again after the weight changed. None elsewhere (a
         quantized head and the exact path among them: greedy steps take the argmax of its logits), or with
         ``SPECDEC_HEAD_SCREEN=0``."""
+        if self.head_quant is not None:  # first: the CPU default's answer, asked every greedy step
+            return None
         w = self.head_weight
-        if (os.environ.get("SPECDEC_HEAD_SCREEN", "1") == "0" or self.head_quant is not None or self.backend.exact
+        if (os.environ.get("SPECDEC_HEAD_SCREEN", "1") == "0" or self.backend.exact
                 or w.device.type != "cpu" or w.dtype != torch.float32
                 or not w.is_contiguous() or not skinny.head_available()):
             return None
