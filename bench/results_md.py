@@ -69,12 +69,13 @@ RUNS = [
      "task, one round (no --repeats: each speedup is one run's ratio, so read differences under about 10% "
      "as noise). The product-form table was re-tuned on the quiet machine just before (a table tuned under "
      "load had halved `ar`'s speed in an earlier run that day)."),
-    ("bench/results/2026-11-27-cpu-host-staging/real/now-1/results.json",
-     "One prompt per task, the default native weights, one round, after a step's inputs went into kept buffers "
-     "and the host's work was trimmed (run alternated with the session's start code: real/ beside it). The host "
-     "is 4-7% of a step here, 0.21 ms (`ar`) to 0.49 ms (`hybrid`) against 0.22-0.55 before, so the speedups "
-     "did not move beyond the rounds' spread. Every output identical to `ar`'s. Texts and token ids removed from "
-     "the JSON; the run directory's NOTES.md has the host work alone."),
+    ("bench/results/2026-11-27-cpu-host-glue/real/now-1/results.json",
+     "One prompt per task, the default native weights, one round, after the compiled host path's glue moved into C "
+     "(CPython extensions; run alternated with the session's start code and with the reference host path: real/ "
+     "beside it). The host is 4-8% of a step here, 0.20 ms (`ar`) to 0.49 ms (`hybrid`) against 0.22-0.61 before "
+     "and 0.25-0.91 on the reference path; tokens/s moved with the forward's drift more than with the host. Every "
+     "output identical to `ar`'s. Texts and token ids removed from the JSON; the run directory's NOTES.md has the "
+     "host work alone."),
     ("bench/results/2026-11-27-cpu-host-drafting/batch8/results.json",
      "Batches of 8 prompts of one task (--batch-size 8 --limit 8), fp32, one round, with the step's drafting, "
      "planning, packing and KV compaction compiled (the header's host-path line predates the drafting's own "
@@ -114,6 +115,12 @@ RUNS = [
      "plain, suffix 2.51x llama.cpp plain and 2.59x its best speculation. Every output of ours identical to ar's; "
      "with fp16 K/V (llama.cpp's default too) our outputs share 37 tokens with llama.cpp's before they part, "
      "where fp32 K/V shared 22. The run directory's NOTES.md has fp16 against fp32 K/V."),
+    ("bench/results/2026-11-27-cpu-host-glue/b8/now/results.json",
+     "Batches of 8 prompts of one task (--batch-size 8 --limit 8), the default quantized path, one round, with the "
+     "host path's glue in C: 0.97-1.01x ar (the host 0.41-0.95 ms of 14-17 ms steps). Pricing the batch step right "
+     "did not change that (b8-pricing/ beside it, NOTES.md): the shared prefill, a static batch's slowest sequences "
+     "and the forward's growth with rows decide it. Every output identical to ar's. Texts and token ids removed "
+     "from the JSON."),
     ("bench/results/2026-11-27-cpu-kv16/b8-after/results.json",
      "Batches of 8 prompts of one task (--batch-size 8 --limit 8), the default quantized path with fp16 K/V, one "
      "round, run after the same command with fp32 K/V (b8-before/): every method 11-14% more tokens/s than there "
