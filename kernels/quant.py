@@ -29,13 +29,14 @@ import torch
 
 from kernels import skinny
 
-FORMATS = {"q4_1": 1, "q8_0": 2}  # the C file's QF_* codes
+FORMATS = {"q4_1": 1, "q8_0": 2, "q4_1f": 3}  # the C file's QF_* codes
 BLOCK = 32
 _GGUF_BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}  # d, (m,) quants
 
 
 PANEL = 16  # rows of W a panel holds (cpu/quant_gemm.c)
-PANEL_BLOCK_BYTES = {"q4_1": 320, "q8_0": 544}  # a panel's block: quants, then 16 d (and 16 m)
+PANEL_BLOCK_BYTES = {"q4_1": 320, "q8_0": 544, "q4_1f": 384}  # a panel's block: quants, then 16 d (and 16 m)
+NIBBLES = ("q4_1", "q4_1f")  # w = d u + m, u in 0..15 (d, m fp16 / fp32)
 
 
 @dataclass
@@ -59,15 +60,16 @@ class QuantWeight:
         return self.data.numel()
 
     def parts(self) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-        """(u (N, K) int16 in plain order, d (N, K / 32) fp16, m (N, K / 32) fp16 or None):
-        w = d u + m (q4_1) or d (u - 128) (q8_0)."""
+        """(u (N, K) int16 in plain order, d (N, K / 32) fp16 (q4_1f: fp32), m (N, K / 32) the
+        same or None): w = d u + m (q4_1, q4_1f) or d (u - 128) (q8_0)."""
         p, nb, _ = self.data.shape
         n = self.n
-        if self.format == "q4_1":
+        if self.format in NIBBLES:
             v = self.data[:, :, :256].reshape(p, nb, 4, PANEL, 4).to(torch.int16)  # (p, b, t, row, i)
             u = torch.stack([v & 15, v >> 4], 2)  # (p, b, half, t, row, i): element 16 half + 4 t + i
             u = u.permute(0, 4, 1, 2, 3, 5).reshape(p * PANEL, nb * BLOCK)
-            scales = self.data[:, :, 256:].contiguous().view(torch.float16)  # (p, b, 32): 16 d, 16 m
+            scales = self.data[:, :, 256:].contiguous().view(torch.float16 if self.format == "q4_1" else
+                                                             torch.float32)  # (p, b, 32): 16 d, 16 m
             d, m = scales[:, :, :PANEL], scales[:, :, PANEL:]
         else:
             v = self.data[:, :, :512].reshape(p, nb, 8, PANEL, 4).to(torch.int16)  # (p, b, c, row, i)
@@ -82,41 +84,78 @@ class QuantWeight:
         u, d, m = self.parts()
         u = u.float().view(n, k // BLOCK, BLOCK)
         df = d.float()[:, :, None]
-        w = df * u + m.float()[:, :, None] if self.format == "q4_1" else df * (u - 128)
+        w = df * u + m.float()[:, :, None] if self.format in NIBBLES else df * (u - 128)
         return w.view(n, k)
 
 
 def _pack(fmt: str, u: torch.Tensor, d: torch.Tensor, m: Optional[torch.Tensor] = None) -> QuantWeight:
-    """u (N, K) values in plain order (0..15, or q + 128), d / m (N, K / 32) fp16 -> the kernel's
-    panels (in uint8, written in place: a model's weights pack in seconds)."""
+    """u (N, K) values in plain order (0..15, or q + 128), d / m (N, K / 32) fp16 (q4_1f: fp32)
+    -> the kernel's panels (in uint8, written in place: a model's weights pack in seconds)."""
     n, k = u.shape
     nb, p = k // BLOCK, -(-n // PANEL)
-    qb = PANEL_BLOCK_BYTES[fmt] - (64 if fmt == "q4_1" else 32)  # quant bytes of a panel's block
+    sdt = torch.float32 if fmt == "q4_1f" else torch.float16
+    sbytes = PANEL * sdt.itemsize  # a panel-block's 16 d (and 16 m)
+    qb = PANEL_BLOCK_BYTES[fmt] - (2 * sbytes if fmt in NIBBLES else sbytes)  # quant bytes of a panel's block
     data = torch.empty(p, nb, PANEL_BLOCK_BYTES[fmt], dtype=torch.uint8)
     if p * PANEL != n:  # the padding rows: zero weights (u = 0 with d = m = 0 for q4_1, u = 128)
-        full = torch.full((p * PANEL, k), 0 if fmt == "q4_1" else 128, dtype=torch.uint8)
+        full = torch.full((p * PANEL, k), 0 if fmt in NIBBLES else 128, dtype=torch.uint8)
         full[:n] = u
         u = full
     u = u.to(torch.uint8)
-    if fmt == "q4_1":
+    if fmt in NIBBLES:
         v = u.view(p, PANEL, nb, 2, 4, 4).permute(0, 2, 3, 4, 1, 5)  # (p, b, half, t, row, i)
         torch.bitwise_or(v[:, :, 0], v[:, :, 1] << 4, out=data[:, :, :qb].view(p, nb, 4, PANEL, 4))
     else:
         data[:, :, :qb].view(p, nb, 8, PANEL, 4).copy_(u.view(p, PANEL, nb, 8, 4).permute(0, 2, 3, 1, 4))
-    for i, t in enumerate(x for x in (d, m) if x is not None):  # 16 fp16 a block each, after the quants
-        rows = torch.zeros(p * PANEL, nb, dtype=torch.float16)
+    for i, t in enumerate(x for x in (d, m) if x is not None):  # 16 scales a block each, after the quants
+        rows = torch.zeros(p * PANEL, nb, dtype=sdt)
         rows[:n] = t
-        data[:, :, qb + 32 * i:qb + 32 * (i + 1)].view(p, nb, 32).copy_(
-            rows.view(p, PANEL, nb).permute(0, 2, 1).contiguous().view(torch.uint8))
+        data[:, :, qb + sbytes * i:qb + sbytes * (i + 1)].view(p, nb, sbytes).copy_(
+            rows.view(p, PANEL, nb).permute(0, 2, 1).contiguous().view(torch.uint8).view(p, nb, sbytes))
     return QuantWeight(fmt, data, n)
+
+
+# GGUF's Q4_K super-block: 256 weights in 144 bytes (fp16 D, fp16 Dmin, 12 bytes of 6-bit scales, 128 of nibbles)
+Q4_K_BLOCK, Q4_K_BYTES = 256, 144
+
+
+def pack_q4_k(raw, shape: tuple[int, int]) -> QuantWeight:
+    """A GGUF Q4_K tensor's bytes (N * K / 256 super-blocks of 144 bytes, rows in order) -> its
+    ``q4_1f`` QuantWeight: each 32-weight sub-block j is w = (D sc_j) u - (Dmin mn_j), u its
+    nibble (sub-block 2c: the low nibbles of bytes 32c..32c+31, 2c + 1 their high nibbles),
+    sc_j / mn_j 6-bit, so d = D sc_j and m = -Dmin mn_j are exact in fp32 and the packed weight
+    equals GGUF's dequantization (``gguf.quants.dequantize``) bit for bit."""
+    n, k = shape
+    if n < 1 or k < Q4_K_BLOCK or k % Q4_K_BLOCK:
+        raise ValueError(f"shape must be (N, K) with N >= 1 and K a multiple of {Q4_K_BLOCK}, got {shape}")
+    t = torch.from_numpy(np.ascontiguousarray(raw)) if isinstance(raw, np.ndarray) else raw
+    sb = k // Q4_K_BLOCK
+    if t.dtype != torch.uint8 or t.numel() != n * sb * Q4_K_BYTES:
+        raise ValueError(f"raw must hold {n * sb * Q4_K_BYTES} uint8 bytes ({n} x {sb} blocks of {Q4_K_BYTES}), got "
+                         f"{t.dtype} with {t.numel()}")
+    t = t.reshape(n, sb, Q4_K_BYTES)
+    D = t[:, :, 0:2].contiguous().view(torch.float16).float()  # (n, sb, 1)
+    Dmin = t[:, :, 2:4].contiguous().view(torch.float16).float()
+    q = t[:, :, 4:16].to(torch.int32)  # the 12 scale bytes
+    lo, mid, hi = q[:, :, 0:4], q[:, :, 4:8], q[:, :, 8:12]
+    sc = torch.cat([lo & 63, (hi & 15) | ((lo >> 6) << 4)], 2)  # (n, sb, 8)
+    mn = torch.cat([mid & 63, (hi >> 4) | ((mid >> 6) << 4)], 2)
+    qs = t[:, :, 16:].reshape(n, sb, 4, 1, 32)
+    u = torch.cat([qs & 15, qs >> 4], 3)  # (n, sb, chunk, nibble, 32): sub-block 2 chunk + nibble
+    d = (D * sc.float()).reshape(n, k // BLOCK)
+    m = -(Dmin * mn.float()).reshape(n, k // BLOCK)
+    return _pack("q4_1f", u.reshape(n, k), d, m)
 
 
 def pack_gguf(raw, fmt: str, shape: tuple[int, int]) -> QuantWeight:
     """A GGUF tensor's block bytes (a numpy / torch uint8 array of N * K / 32 blocks, rows in
     order; GGUF's ``tensor.data``) of format ``fmt`` ("q4_1": fp16 d, fp16 m, 16 bytes of
-    nibbles, byte j = elements j and j + 16; "q8_0": fp16 d, 32 int8) -> its QuantWeight."""
+    nibbles, byte j = elements j and j + 16; "q8_0": fp16 d, 32 int8; "q4_k": ``pack_q4_k``)
+    -> its QuantWeight."""
+    if fmt == "q4_k":
+        return pack_q4_k(raw, shape)
     if fmt not in _GGUF_BLOCK_BYTES:
-        raise ValueError(f"fmt must be one of {', '.join(_GGUF_BLOCK_BYTES)}, got {fmt!r}")
+        raise ValueError(f"fmt must be one of {', '.join(_GGUF_BLOCK_BYTES)} or q4_k, got {fmt!r}")
     n, k = shape
     if n < 1 or k < BLOCK or k % BLOCK:
         raise ValueError(f"shape must be (N, K) with N >= 1 and K a multiple of {BLOCK}, got {shape}")

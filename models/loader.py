@@ -7,8 +7,9 @@ tokenizer and chat template; the forward is ours (models/llama.py).
 ``weights`` chooses the form of the layers' and the LM head's products (``WEIGHTS``):
   * ``"fp32"``:   the dequantised fp32 weights (every device and dtype);
   * ``"q8_0"``:   every product weight quantized to Q8_0 (blocks of 32, kernels/quant.py);
-  * ``"native"``: a GGUF file's own Q4_1 / Q8_0 blocks, bit for bit its weights, and Q8_0 for
-                  any product weight stored otherwise (an HF folder: all of them).
+  * ``"native"``: a GGUF file's own Q4_1 / Q8_0 / Q4_K blocks, bit for bit its weights (Q4_K
+                  with fp32 sub-block scales), and Q8_0 for any product weight stored
+                  otherwise (Q6_K, Q5_0 ...; an HF folder: all of them).
 The quantized forms need the x86 CPU kernels (fp32 on the CPU, kernels/skinny.py builds) and
 quantize each step's activations per block too (kernels/quant.py). The default (None) is
 ``"native"`` for a GGUF file where they run (the fastest form: 2.7-4x fp32's decoding here)
@@ -530,11 +531,13 @@ def resolve_weights(weights: Optional[str], dtype: torch.dtype, device: torch.de
 
 
 def _gguf_blocks(path: Path, cfg: ModelConfig) -> dict[str, tuple[str, np.ndarray]]:
-    """HF name -> (format, its rows' block bytes (N, bytes a row)) of the file's Q4_1 / Q8_0
-    tensors, q / k rows in Hugging Face's rotary layout (whole rows moved: blocks run along K)."""
+    """HF name -> (format, its rows' block bytes (N, bytes a row)) of the file's Q4_1 / Q8_0 /
+    Q4_K tensors, q / k rows in Hugging Face's rotary layout (whole rows moved: blocks run along
+    K)."""
     import gguf
 
-    kinds = {gguf.GGMLQuantizationType.Q4_1: "q4_1", gguf.GGMLQuantizationType.Q8_0: "q8_0"}
+    kinds = {gguf.GGMLQuantizationType.Q4_1: "q4_1", gguf.GGMLQuantizationType.Q8_0: "q8_0",
+             gguf.GGMLQuantizationType.Q4_K: "q4_k"}
     reader, _ = _open_gguf(path)
     out = {}
     for t in reader.tensors:
@@ -551,8 +554,9 @@ def _gguf_blocks(path: Path, cfg: ModelConfig) -> dict[str, tuple[str, np.ndarra
 def quantize_model(model: Transformer, weights: str, gguf_path: Optional[Path] = None,
                    cache_dir: Optional[Path | str] = None) -> Transformer:
     """Give every layer product and the LM head a block-quantized weight (``weights`` "q8_0" or
-    "native": the GGUF file's Q4_1 / Q8_0 blocks where it has them, fused rows of one format,
-    else Q8_0 from the fp32 weight); the fp32 product weights are dropped (the embedding stays).
+    "native": the GGUF file's Q4_1 / Q8_0 / Q4_K blocks where it has them (Q4_K with its exact
+    fp32 sub-block scales, kernels.quant.pack_q4_k), fused rows of one format, else Q8_0 from the
+    fp32 weight); the fp32 product weights are dropped (the embedding stays).
     "fp32": nothing to do. With ``gguf_path`` and ``cache_dir`` the packed weights are kept in
     the file's conversion cache entry (packing them takes seconds, reading them back less)."""
     from kernels.quant import pack_gguf, quantize_q8_0
@@ -570,8 +574,8 @@ def quantize_model(model: Transformer, weights: str, gguf_path: Optional[Path] =
     prods.append(("head", model.lm_head, ["model.embed_tokens.weight" if model.lm_head is None else "lm_head.weight"]))
     cached = None
     if gguf_path is not None and cache_dir is not None:
-        # v1: the panel layout of kernels/quant.py (another layout, another name)
-        cached = Path(cache_dir) / f"{gguf_path.stem}-{_cache_key(gguf_path)}" / f"{weights}-v1.safetensors"
+        # v2: the panel layout of kernels/quant.py, Q4_K taken natively (another layout or choice, another name)
+        cached = Path(cache_dir) / f"{gguf_path.stem}-{_cache_key(gguf_path)}" / f"{weights}-v2.safetensors"
     shapes = {key: tuple((model.head_weight if key == "head" else lin.weight).shape) for key, lin, _ in prods}
     packed = _read_packed(cached, shapes) if cached is not None else None
     if packed is None:

@@ -487,7 +487,7 @@ def test_a_damaged_conversion_cache_is_converted_again(gguf_cache, tmp_path, mon
 
 @pytest.mark.parametrize("damage", ["truncated", "another model's products"])
 def test_damaged_packed_weights_are_packed_again(gguf_cache, tmp_path, damage):
-    """native-v1.safetensors (and q8_0-v1.safetensors, read by the same code) damaged: a warning
+    """native-v2.safetensors (and q8_0-v2.safetensors, read by the same code) damaged: a warning
     naming it, the weights packed again from the GGUF file, and the model loads."""
     import os
 
@@ -498,7 +498,7 @@ def test_damaged_packed_weights_are_packed_again(gguf_cache, tmp_path, damage):
         pytest.skip(f"the packed weights need the CPU kernels: {skinny.unavailable_reason()}")
     entry = tmp_path / "cache" / gguf_cache.name
     shutil.copytree(gguf_cache, entry, copy_function=os.link)
-    packed = entry / "native-v1.safetensors"
+    packed = entry / "native-v2.safetensors"
     assert packed.is_file()
     if damage == "truncated":
         _truncate(packed)

@@ -14,7 +14,9 @@ import torch
 from kernels import quant, skinny
 
 pytestmark = pytest.mark.skipif(not skinny.available(), reason=f"skinny kernels: {skinny.unavailable_reason()}")
-GGUF_TYPES = {"q4_1": gguf.GGMLQuantizationType.Q4_1, "q8_0": gguf.GGMLQuantizationType.Q8_0}
+GGUF_TYPES = {"q4_1": gguf.GGMLQuantizationType.Q4_1, "q8_0": gguf.GGMLQuantizationType.Q8_0,
+              "q4_k": gguf.GGMLQuantizationType.Q4_K}
+FMTS = ["q4_1", "q8_0", "q4_k"]  # the GGUF formats the kernel reads (q4_k packed as q4_1f)
 
 
 @pytest.fixture(params=list(skinny.ISAS))
@@ -27,13 +29,30 @@ def isa(request):
     skinny.use_isa(before)
 
 
+def kdim(fmt: str, k: int) -> int:
+    """A test's K for ``fmt``: Q4_K's super-blocks hold 256 weights (rounded to a multiple of 256)."""
+    return max(1, round(k / 256)) * 256 if fmt == "q4_k" else k
+
+
+def q4_k_bytes(n: int, k: int, seed: int) -> np.ndarray:
+    """Random Q4_K super-blocks (gguf has no Q4_K quantizer): random scale and nibble bytes, D and
+    Dmin random finite fp16 of the size a weight's scale has."""
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(n, k // 256, 144), dtype=np.uint8)
+    for off in (0, 2):
+        h = np.abs(rng.standard_normal((n, k // 256)) * 0.02).astype(np.float16)
+        raw[:, :, off:off + 2] = h.view(np.uint8).reshape(n, k // 256, 2)
+    return raw.reshape(-1)
+
+
 def weight(fmt: str, n: int, k: int, seed: int) -> tuple[quant.QuantWeight, torch.Tensor]:
-    """A random weight quantized by gguf's own quantizer and packed from its block bytes, and
-    the file's dequantized fp32 weight."""
+    """A random weight quantized by gguf's own quantizer (Q4_K: random blocks) and packed from
+    its block bytes, and the file's dequantized fp32 weight."""
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(n, k, generator=g).numpy()
-    raw = gq.quantize(w, GGUF_TYPES[fmt])
-    return quant.pack_gguf(raw, fmt, (n, k)), torch.from_numpy(gq.dequantize(raw, GGUF_TYPES[fmt]).astype(np.float32))
+    raw = q4_k_bytes(n, k, seed) if fmt == "q4_k" else gq.quantize(w, GGUF_TYPES[fmt])
+    ref = gq.dequantize(raw, GGUF_TYPES[fmt]).astype(np.float32).reshape(n, k)
+    return quant.pack_gguf(raw, fmt, (n, k)), torch.from_numpy(ref)
 
 
 def assert_close_to_ref(y, x, qw, bias=None):
@@ -52,15 +71,17 @@ def assert_close_to_ref(y, x, qw, bias=None):
     assert bool((err <= bound).all()), f"max error {err.max().item()}, bound there {bound.flatten()[err.argmax()]}"
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("n,k", [(1, 32), (17, 96), (37, 64), (131, 576), (48, 1504)])
 def test_packing_keeps_the_files_weights(fmt, n, k):
     """Packed from GGUF's block bytes, the weight is the file's dequantized one, bit for bit
-    (rows not a multiple of the 16-row panel, an odd number of blocks)."""
+    (rows not a multiple of the 16-row panel, an odd number of blocks; Q4_K's fp32 scales)."""
+    k = kdim(fmt, k)
     qw, ref = weight(fmt, n, k, n + k)
-    assert qw.shape == (n, k)
-    assert torch.equal(qw.dequantize(), ref)
-    assert qw.nbytes == -(-n // 16) * 16 * k // 32 * (20 if fmt == "q4_1" else 34)  # the file's bytes a block
+    assert qw.shape == (n, k) and qw.format == ("q4_1f" if fmt == "q4_k" else fmt)
+    assert torch.equal(qw.dequantize().view(torch.int32), ref.view(torch.int32))
+    # the file's bytes a block (Q4_K: 18 a 32-weight block in the file, 24 with fp32 scales here)
+    assert qw.nbytes == -(-n // 16) * 16 * k // 32 * {"q4_1": 20, "q8_0": 34, "q4_k": 24}[fmt]
 
 
 def test_fp32_weights_quantize_to_q8_0_as_llama_cpp_does():
@@ -87,12 +108,13 @@ def test_activations_quantize_as_the_reference():
     assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("n,k", [(1, 32), (7, 96), (37, 64), (131, 576), (50, 1504)])
 def test_matches_reference(fmt, n, k, bias, isa):
     """Random shapes: N not a multiple of the panel, K an odd number of blocks, M from 0 to beyond
     the tiles, with and without bias, on each build."""
+    k = kdim(fmt, k)
     qw, _ = weight(fmt, n, k, 3 * n + k)
     g = torch.Generator().manual_seed(n * 1000 + k)
     b = torch.randn(n, generator=g) if bias else None
@@ -104,15 +126,16 @@ def test_matches_reference(fmt, n, k, bias, isa):
             assert_close_to_ref(y, x, qw, b)
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_a_row_does_not_depend_on_its_step(fmt, threads, isa):
     """Bit for bit: a row's result alone, inside any number of rows (1 .. 64), at any place, and
-    with any thread count is the same; N odd, K an odd multiple of 32."""
-    qw, _ = weight(fmt, 67, 160, 11)
+    with any thread count is the same; N odd, K an odd multiple of 32 (Q4_K: 256)."""
+    k = kdim(fmt, 160)
+    qw, _ = weight(fmt, 67, k, 11)
     g = torch.Generator().manual_seed(7)
     b = torch.randn(67, generator=g)
-    x = torch.randn(64, 160, generator=g)
+    x = torch.randn(64, k, generator=g)
     alone = torch.cat([quant.quant_linear(x[i:i + 1], qw, b, threads=1) for i in range(64)])
     for m in (1, 2, 3, 4, 5, 7, 8, 9, 16, 33, 64):
         for start in (0, 64 - m, (64 - m) // 2):
@@ -144,13 +167,13 @@ def test_bad_arguments_are_named():
         quant.quant_linear(x, qw, threads=0)
     with pytest.raises(ValueError, match="weight must be a QuantWeight"):
         quant.quant_linear(x, torch.randn(8, 64))
-    with pytest.raises(ValueError, match="weight must be a QuantWeight of format q4_1 or q8_0, got 'q5_0'"):
+    with pytest.raises(ValueError, match="weight must be a QuantWeight of format q4_1 or q8_0 or q4_1f, got 'q5_0'"):
         quant.quant_linear(x, quant.QuantWeight("q5_0", qw.data, 8))
     with pytest.raises(ValueError, match="weight.data must be a contiguous uint8 CPU tensor"):
         quant.quant_linear(x, quant.QuantWeight("q4_1", qw.data, 8))  # q8_0 bytes named q4_1
     with pytest.raises(ValueError, match="weight.data must be .* with n=17"):
         quant.quant_linear(x, quant.QuantWeight("q8_0", qw.data, 17))  # more rows than its panels
-    with pytest.raises(ValueError, match="fmt must be one of q4_1, q8_0"):
+    with pytest.raises(ValueError, match="fmt must be one of q4_1, q8_0 or q4_k"):
         quant.pack_gguf(np.zeros(68, np.uint8), "q4_0", (1, 64))
     with pytest.raises(ValueError, match="raw must hold 68 uint8 bytes"):
         quant.pack_gguf(np.zeros(67, np.uint8), "q8_0", (1, 64))
@@ -187,9 +210,9 @@ def test_the_avx512_build_without_vnni(monkeypatch):
     try:
         skinny.use_isa("avx512")
         assert not quant.vnni()
-        for fmt in ("q4_1", "q8_0"):
-            qw, _ = weight(fmt, 37, 96, 4)
-            x = torch.randn(9, 96) * 2
+        for fmt in FMTS:
+            qw, _ = weight(fmt, 37, kdim(fmt, 96), 4)
+            x = torch.randn(9, kdim(fmt, 96)) * 2
             y = quant.quant_linear(x, qw)
             assert_close_to_ref(y, x, qw)
             assert torch.equal(torch.cat([quant.quant_linear(x[i:i + 1], qw) for i in range(9)]), y)

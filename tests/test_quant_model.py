@@ -8,6 +8,7 @@ activations by the same dequantized weights exactly, so each product differs by 
 only; through two layers a rounding can move an activation across a quantization step, so the
 logits are compared at 1e-3 of their largest magnitude."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -230,11 +231,16 @@ def test_packed_weights_cache_round_trip_and_a_broken_one_is_packed_again(tmp_pa
 
     w = quant.quantize_q8_0(torch.randn(20, 64))
     q4 = quant.quantize_q4_1(torch.randn(7, 96))
-    path = tmp_path / "native-v1.safetensors"
-    loader._write_packed(path, {"a": w, "b": q4})
-    shapes = {"a": (20, 64), "b": (7, 96)}
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 256, size=(5, 144), dtype=np.uint8)
+    raw[:, 0:4] = np.array([0.01, 0.02], np.float16).view(np.uint8)  # finite D, Dmin
+    qk = quant.pack_q4_k(raw.reshape(-1), (5, 256))
+    path = tmp_path / "native-v2.safetensors"
+    loader._write_packed(path, {"a": w, "b": q4, "c": qk})
+    shapes = {"a": (20, 64), "b": (7, 96), "c": (5, 256)}
     back = loader._read_packed(path, shapes)
-    assert back.keys() == {"a", "b"} and back["b"].format == "q4_1" and back["b"].n == 7
+    assert back.keys() == {"a", "b", "c"} and back["b"].format == "q4_1" and back["b"].n == 7
+    assert back["c"].format == "q4_1f" and torch.equal(back["c"].data, qk.data)
     assert torch.equal(back["a"].data, w.data) and torch.equal(back["b"].data, q4.data)
     with pytest.warns(UserWarning, match=r"b is \(7, 96\) but the model's is \(8, 96\)"):  # another model's
         assert loader._read_packed(path, {**shapes, "b": (8, 96)}) is None

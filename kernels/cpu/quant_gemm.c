@@ -5,7 +5,10 @@
  * Formats (w = one weight, u its stored unsigned integer, d and m its block's fp16 scales):
  *   Q4_1: w = d u + m, u in 0..15 (GGUF's values: the weights equal the file's dequantized ones);
  *   Q8_0: w = d (u - 128), u = q + 128 for GGUF's int8 q (unsigned: the integer dot product
- *         below takes the weight as its unsigned operand).
+ *         below takes the weight as its unsigned operand);
+ *   Q4_1F: Q4_1 with fp32 d and m: GGUF's Q4_K, whose 32-weight sub-blocks are w = (D sc) u -
+ *         (Dmin mn) with fp16 D, Dmin and 6-bit sc, mn, products fp16 cannot hold but fp32
+ *         holds exactly (the weights again equal the file's dequantized ones).
  * Each row of x is quantized here per block, as llama.cpp's q8_0 does for activations:
  * s = max |x| / 127, q = round-to-nearest-even(x * (1 / s)) in int8, all in fp32; then
  *   y = sum_b d_b s_b dot_b(u, q) (+ m_b s_b sum_b(q) for Q4_1) (+ bias),
@@ -16,7 +19,8 @@
  *   Q8_0: 8 x 64: vector c holds elements 4c..4c+3 of the block for each of the 16 rows (row r
  *         at bytes 4r..4r+3); then the 16 rows' d (fp16)                       -> 544 bytes;
  *   Q4_1: 4 x 64: vector t's low nibbles hold elements 4t.. of the 16 rows as above, its high
- *         nibbles elements 16 + 4t..; then 16 d and 16 m (fp16)               -> 320 bytes,
+ *         nibbles elements 16 + 4t..; then 16 d and 16 m (fp16)               -> 320 bytes;
+ *   Q4_1F: Q4_1's nibbles, then 16 d and 16 m (fp32)                          -> 384 bytes,
  * the file's own bytes per weight. So an int32 lane of a vector is one row of W, and one
  * vpdpbusd (AVX512-VNNI: u8 x s8, four products a lane) against 4 bytes of x broadcast to every
  * lane adds 4 products to 16 rows at once: a block's dot is 8 of them into one register, with
@@ -39,7 +43,7 @@
 
 #include "side_prefetch.h"
 
-enum { QF_Q4_1 = 1, QF_Q8_0 = 2 }; /* kernels/quant.py FORMATS */
+enum { QF_Q4_1 = 1, QF_Q8_0 = 2, QF_Q4_1F = 3 }; /* kernels/quant.py FORMATS */
 /* A tile requests each panel's bytes this far ahead of its reads, into L2. A thread streams its
  * panels as a few short runs (a panel is K / 32 x 320 bytes: 5.8 KB at K = 576), each crossing a
  * 4 KB page, where the hardware prefetchers stop and train again. Over 30 cold weights per run
@@ -109,6 +113,7 @@ static inline pint p_bcast(const int8_t *x4) {
 }
 static inline pint p_seti(int32_t v) { return _mm512_set1_epi32(v); }
 static inline pflt p_half(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline pflt p_f32(const uint8_t *p) { return _mm512_loadu_ps((const void *)p); }
 static inline pflt p_setf(float v) { return _mm512_set1_ps(v); }
 static inline pflt p_zero(void) { return _mm512_setzero_ps(); }
 static inline pflt p_mul(pflt a, pflt b) { return _mm512_mul_ps(a, b); }
@@ -168,6 +173,9 @@ static inline pflt p_half(const uint8_t *p) {
     return (pflt){_mm256_loadu_ps(f), _mm256_loadu_ps(f + 8)};
 #endif
 }
+static inline pflt p_f32(const uint8_t *p) {
+    return (pflt){_mm256_loadu_ps((const float *)p), _mm256_loadu_ps((const float *)(p + 32))};
+}
 static inline pflt p_setf(float v) { return (pflt){_mm256_set1_ps(v), _mm256_set1_ps(v)}; }
 static inline pflt p_zero(void) { return (pflt){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 static inline pflt p_mul(pflt x, pflt y) { return (pflt){_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)}; }
@@ -205,7 +213,7 @@ typedef struct {
 #define QTILE(FMT, R, C)                                                                                     \
     static inline void qtile##FMT##_##R##x##C(const qrows *a, int64_t i0, const uint8_t *W, const float *bias,   \
                                               float *y, int64_t N, int64_t K, int64_t p0, int np) {           \
-        const int64_t nb = K / 32, BPB = FMT == 4 ? 320 : 544;                                                 \
+        const int64_t nb = K / 32, BPB = FMT == 4 ? 320 : FMT == 5 ? 384 : 544;                                \
         const uint8_t *wp[C];                                                                                 \
         _Pragma("GCC unroll 8") for (int j = 0; j < C; j++) wp[j] = W + (p0 + (j < np ? j : 0)) * nb * BPB;   \
         pflt acc[R][C];                                                                                       \
@@ -220,7 +228,7 @@ typedef struct {
                 const pint start = p_seti(FMT == 8 && Q8_OFFSET_IN_START ? a->xc[(i0 + i) * nb + b] : 0);     \
                 _Pragma("GCC unroll 8") for (int j = 0; j < C; j++) dot[i][j] = start;                        \
             }                                                                                                 \
-            if (FMT == 4) {                                                                                   \
+            if (FMT != 8) {                                                                                   \
                 _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {                                        \
                     pint wl[C], wh[C];                                                                        \
                     _Pragma("GCC unroll 8") for (int j = 0; j < C; j++) {                                    \
@@ -246,12 +254,12 @@ typedef struct {
                 }                                                                                             \
             }                                                                                                 \
             _Pragma("GCC unroll 8") for (int j = 0; j < C; j++) {                                            \
-                const uint8_t *sc = wp[j] + b * BPB + (FMT == 4 ? 256 : 512);                                 \
-                const pflt d = p_half(sc);                                                                    \
+                const uint8_t *sc = wp[j] + b * BPB + (FMT == 8 ? 512 : 256);                                 \
+                const pflt d = FMT == 5 ? p_f32(sc) : p_half(sc);                                             \
                 _Pragma("GCC unroll 8") for (int i = 0; i < R; i++)                                          \
                     acc[i][j] = p_fma(p_cvt(dot[i][j]), p_mul(d, p_setf(a->s[(i0 + i) * nb + b])), acc[i][j]); \
-                if (FMT == 4) {                                                                               \
-                    const pflt m = p_half(sc + 32);                                                           \
+                if (FMT != 8) {                                                                               \
+                    const pflt m = FMT == 5 ? p_f32(sc + 64) : p_half(sc + 32);                               \
                     _Pragma("GCC unroll 8") for (int i = 0; i < R; i++)                                      \
                         acc[i][j] = p_fma(m, p_setf(a->S[(i0 + i) * nb + b]), acc[i][j]);                     \
                 }                                                                                             \
@@ -290,6 +298,7 @@ typedef struct {
 #define T_1(F) qtile##F##_1x1
 #endif
 TILES(4)
+TILES(5)
 TILES(8)
 #define Q_MID_ROWS 4
 
@@ -299,7 +308,7 @@ static int q_tile_panels(int64_t M) { return M == 1 ? Q_WIDE : M < Q_MID_ROWS ? 
     static void qrows##F(const qrows *a, const uint8_t *W, const float *b, float *y, int64_t M, int64_t N,   \
                          int64_t K, int64_t p0, int64_t p1, side_stream *sd, int t) {                         \
         const int C = q_tile_panels(M);                                                                       \
-        const int64_t panel_bytes = K / 32 * (F == 4 ? 320 : 544);                                            \
+        const int64_t panel_bytes = K / 32 * (F == 4 ? 320 : F == 5 ? 384 : 544);                             \
         for (int64_t p = p0; p < p1; p += C) {                                                                \
             const int np = p1 - p < C ? (int)(p1 - p) : C;                                                    \
             side_prefetch(sd, t, np * panel_bytes);                                                           \
@@ -321,13 +330,14 @@ static int q_tile_panels(int64_t M) { return M == 1 ? Q_WIDE : M < Q_MID_ROWS ? 
         }                                                                                                     \
     }
 ROWS(4)
+ROWS(5)
 ROWS(8)
 
 /* x (M, K) rows at x_stride floats; W (ceil(N / 16) panels) in the layout above; b (N,) or NULL;
  * y (M, N). K a multiple of 32. Returns 0, -1 out of memory, -2 a format it does not know. */
 int quant_linear(const float *x, int64_t x_stride, int fmt, const uint8_t *W, const float *b, float *y, int64_t M,
                  int64_t N, int64_t K, int threads) {
-    if (fmt != QF_Q4_1 && fmt != QF_Q8_0) return -2;
+    if (fmt != QF_Q4_1 && fmt != QF_Q8_0 && fmt != QF_Q4_1F) return -2;
     if (M <= 0) return 0;
     const int64_t nb = K / 32;
     const size_t qb = ((size_t)(M * K) + 63) & ~(size_t)63, sb = ((size_t)(M * nb) * 4 + 63) & ~(size_t)63;
@@ -349,6 +359,7 @@ int quant_linear(const float *x, int64_t x_stride, int fmt, const uint8_t *W, co
         const int64_t p0 = tiles * t / ntt * C, p1e = tiles * (t + 1) / ntt * C, p1 = p1e < panels ? p1e : panels;
         if (p0 < p1) {
             if (fmt == QF_Q4_1) qrows4(&a, W, b, y, M, N, K, p0, p1, sd, (int)t);
+            else if (fmt == QF_Q4_1F) qrows5(&a, W, b, y, M, N, K, p0, p1, sd, (int)t);
             else qrows8(&a, W, b, y, M, N, K, p0, p1, sd, (int)t);
         }
     }

@@ -89,7 +89,7 @@ static int product(int fmt, const float *x, const void *W, const void *b, float 
 /* bytes a product streams from its weight where it requests side lines (the quantized products,
  * quant_gemm.c's panels: 16 rows, per 32 weights 320 bytes in Q4_1, 544 in Q8_0); 0 elsewhere */
 static int64_t side_bytes(int fmt, int64_t N, int64_t K) {
-    return fmt == 0 ? 0 : (N + 15) / 16 * (K / 32) * (fmt == 1 ? 320 : 544);
+    return fmt == 0 ? 0 : (N + 15) / 16 * (K / 32) * (fmt == 1 ? 320 : fmt == 3 ? 384 : 544);
 }
 
 /* Points the stream at layer w's pools, for the attention after `window` bytes of products: each
