@@ -126,6 +126,11 @@ RUNS = [
      "round, run after the same command with fp32 K/V (b8-before/): every method 11-14% more tokens/s than there "
      "and at 1.00-1.02x ar (0.99-1.01 before). Every output identical to ar's. Texts and token ids removed from "
      "the JSON."),
+    ("bench/results/2026-11-27-cpu-q4k/qwen/now-2/results.json",
+     "The Qwen2.5-Coder 1.5B with its file's Q4_K products read natively (q4_1f: fp32 sub-block scales, the file's "
+     "weights bit for bit; products with a Q6_K part Q8_0 from fp32), one prompt per task, one round, alternated "
+     "with the code that made every product Q8_0 (qwen/ beside it): ar's forward 38.2 -> 32.1 ms, 1,640 -> 1,293 MB "
+     "a step. Every output identical to ar's. Texts and token ids removed from the JSON."),
     ("bench/results/2026-11-27-cpu-qwen-native/native/results.json",
      "The Qwen2.5-Coder pair on the default quantized path (native: every product of these Q4_K_M files Q8_0, "
      "the 0.5B's LM head its own Q8_0 blocks; int8 activations), one prompt per task, one round. Every output "
