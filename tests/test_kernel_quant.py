@@ -181,6 +181,10 @@ def test_bad_arguments_are_named():
         quant.pack_gguf(np.zeros(68, np.uint8), "q8_0", (1, 60))
     with pytest.raises(ValueError, match="weight must be .* K a multiple of 32"):
         quant.quantize_q8_0(torch.randn(3, 40))
+    with pytest.raises(ValueError, match=r"shape must be \(N, K\) with N >= 1 and K a multiple of 256, got \(1, 288\)"):
+        quant.pack_gguf(np.zeros(162, np.uint8), "q4_k", (1, 288))
+    with pytest.raises(ValueError, match="raw must hold 288 uint8 bytes \\(1 x 2 blocks of 144\\), got .* with 144"):
+        quant.pack_q4_k(np.zeros(144, np.uint8), (1, 512))
 
 
 def test_the_builds_agree_with_the_reference_and_vnni_where_the_cpu_has_it():

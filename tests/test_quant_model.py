@@ -278,3 +278,56 @@ def test_a_committed_tree_branch_leaves_the_cache_as_a_chain_does(smol_native):
     chain = next_logits(StepInput(0, [1348, 1941]), [0, 1])
     tree = next_logits(StepInput(0, [1348, 999, 1941], parents=[-1, 0, 0], depths=[0, 1, 1]), [0, 2])
     assert torch.equal(chain, tree)
+
+
+def test_native_takes_a_files_q4_k_products_where_every_fused_part_is_q4_k(tmp_path):
+    """A GGUF file's Q4_K tensors (the loader's _gguf_blocks, a file written here) become q4_1f
+    products equal to gguf's dequantization of their rows, bit for bit, where every part of a
+    fused product is Q4_K (q / k / v, down); a fused product with a part of another type (gate
+    Q4_K beside up Q8_0), and the products the file does not hold, are Q8_0 from fp32."""
+    import gguf
+    import gguf.quants as gq
+
+    from helpers import ours_from_hf, tiny_hf_model
+    from models import loader
+
+    if not skinny.available():
+        pytest.skip(f"the quantized path needs the CPU kernels: {skinny.unavailable_reason()}")
+    # hidden and intermediate sizes a multiple of Q4_K's 256-weight super-block
+    model = ours_from_hf(tiny_hf_model("qwen2", hidden_size=256, intermediate_size=256), shuffle_seed=None).model
+    cfg, rng = model.cfg, np.random.default_rng(1)
+
+    def q4_k(rows: int, k: int) -> np.ndarray:
+        raw = rng.integers(0, 256, size=(rows, k // 256, 144), dtype=np.uint8)
+        raw[:, :, 0:4] = np.abs(rng.standard_normal((rows, k // 256, 2)) * 0.02).astype(np.float16).view(np.uint8)
+        return raw.reshape(rows, -1)
+
+    d, kv = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
+    tensors = {"blk.0.attn_q.weight": q4_k(d, d), "blk.0.attn_k.weight": q4_k(kv, d),
+               "blk.0.attn_v.weight": q4_k(kv, d), "blk.0.ffn_gate.weight": q4_k(cfg.intermediate_size, d),
+               "blk.0.ffn_down.weight": q4_k(d, cfg.intermediate_size)}
+    up = gq.quantize(rng.standard_normal((cfg.intermediate_size, d)).astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
+    path = tmp_path / "tiny.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    for name, raw in tensors.items():
+        w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+    w.add_tensor("blk.0.ffn_up.weight", up, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    blocks = loader._gguf_blocks(path, cfg)
+    assert {n: f for n, (f, _) in blocks.items()} == {
+        "model.layers.0.self_attn.q_proj.weight": "q4_k", "model.layers.0.self_attn.k_proj.weight": "q4_k",
+        "model.layers.0.self_attn.v_proj.weight": "q4_k", "model.layers.0.mlp.gate_proj.weight": "q4_k",
+        "model.layers.0.mlp.down_proj.weight": "q4_k", "model.layers.0.mlp.up_proj.weight": "q8_0"}
+    loader.quantize_model(model, "native", path)
+    layer0, layer1 = model.layers[0], model.layers[1]
+    assert layer0.wqkv.quant.format == "q4_1f" and layer0.w_down.quant.format == "q4_1f"
+    assert layer0.w_gate_up.quant.format == "q8_0" and layer0.wo.quant.format == "q8_0"
+    assert {lin.quant.format for lin in (layer1.wqkv, layer1.wo, layer1.w_gate_up, layer1.w_down)} == {"q8_0"}
+    want = np.concatenate([gq.dequantize(tensors[f"blk.0.attn_{x}.weight"], gguf.GGMLQuantizationType.Q4_K)
+                           for x in "qkv"])
+    got = layer0.wqkv.quant.dequantize().numpy()
+    assert np.array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32))
