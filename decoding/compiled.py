@@ -48,19 +48,18 @@ LIBRARY = cbuild.OnDemand("decoding-host", SOURCES, FLAGS, LIBS, _declare, "the 
 # library's functions by their addresses), built on first use where this Python's headers are installed
 EXT = cbuild.OnDemandModule("_decoding_glue", [SOURCES[0].with_name("glue.c")],
                             "the planner's compiled calls are glued in Python (ctypes)")
-_use_ext = {"on": True}
 
 
 def use_extension(on: bool) -> bool:
-    """Glue the host path's compiled calls in the extension (True) or in Python (False, for
-    comparison and tests); returns the previous setting. Planners made before keep theirs."""
-    before, _use_ext["on"] = _use_ext["on"], bool(on)
-    return before
+    """Glue the host path's compiled calls in the extensions (True) or in Python (False, for
+    comparison and tests): ``kernels.cbuild.set_host_glue``, the packing's glue too; returns the
+    previous setting. Planners made before keep theirs."""
+    return cbuild.set_host_glue(on)
 
 
 def glue():
     """The extension's module where it is switched on and built, else None."""
-    return EXT.get() if _use_ext["on"] else None
+    return EXT.get() if cbuild.host_glue() else None
 
 
 def available() -> bool:

@@ -32,6 +32,23 @@ def set_host_compiled(on: bool) -> bool:
     return before
 
 
+# whether the compiled host path's glue runs in its CPython extensions (decoding/cpu/glue.c,
+# models/cpu/packext.c) where they build (True) or in Python around ctypes calls (False: for
+# comparison and tests); one switch for both
+_glue = {"on": True}
+
+
+def host_glue() -> bool:
+    """The switch between the host path's glue in C and in Python (see ``_glue``)."""
+    return _glue["on"]
+
+
+def set_host_glue(on: bool) -> bool:
+    """Set the switch; returns the previous setting. Planners made before keep theirs."""
+    before, _glue["on"] = _glue["on"], bool(on)
+    return before
+
+
 def cache_dir() -> Path:
     env = os.environ.get("SPECDEC_KERNEL_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "specdec" / "kernels"

@@ -51,17 +51,7 @@ def enabled() -> bool:
 
 def _ext() -> bool:
     """Whether ``pack`` glues a staged step in the extension (switched on with the compiled path)."""
-    return _use_ext["on"] and EXT.get() is not None
-
-
-_use_ext = {"on": True}
-
-
-def use_extension(on: bool) -> bool:
-    """Glue staged steps in the extension (True) or in Python (False, for comparison and tests);
-    returns the previous setting."""
-    before, _use_ext["on"] = _use_ext["on"], bool(on)
-    return before
+    return cbuild.host_glue() and EXT.get() is not None
 
 
 def _ptr(a: array) -> int:
@@ -249,7 +239,8 @@ def pack(cache, inputs: list, vocab: int, max_context: int, device, staging: Opt
     B = len(inputs)
     if B == 0:
         return None
-    if staging is not None and type(inputs) is list and torch.device(device).type == "cpu" and _ext():
+    staged = staging is not None and torch.device(device).type == "cpu"
+    if staged and type(inputs) is list and _ext():
         packed = EXT.module.pack_staged(inputs, cache.lengths, cache.blocks, cache.free_blocks, cache.block_size,
                                         vocab, max_context, staging)
         if packed is not None:
@@ -269,7 +260,7 @@ def pack(cache, inputs: list, vocab: int, max_context: int, device, staging: Opt
     with_idx = R != n
     tail = (_ptr(blocks), _ptr(block_off), _ptr(n_blocks), cache.block_size, width, n_words, int(with_idx), n, B,
             R if with_idx else 0)
-    if staging is not None and torch.device(device).type == "cpu":
+    if staged:
         packed = staging.layout((B, n, width, n_words, R if with_idx else -1, tuple(trees) if n_words else ()),
                                 device)
         lib.pack_step(B, *args, *tail, _ptr(staging.at32), _ptr(staging.at64), _ptr(staging.i32),

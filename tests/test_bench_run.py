@@ -676,7 +676,7 @@ def test_the_header_says_whether_the_host_glue_ran_in_c(monkeypatch):
     if not compiled.available() or compiled.EXT.get() is None or packing.EXT.get() is None:
         pytest.skip("the compiled host path or its extensions did not build here")
     assert _host_path().endswith("their glue in C (CPython extensions)")
-    monkeypatch.setattr(packing, "_use_ext", {"on": False})
+    monkeypatch.setattr(packing.cbuild, "_glue", {"on": False})
     assert _host_path().endswith("their glue in Python (switched off)")
     monkeypatch.setattr(compiled.cbuild, "_host", {"compiled": False})
     assert _host_path() == "reference (switched to it)"

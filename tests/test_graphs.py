@@ -95,7 +95,7 @@ def test_a_staged_step_fills_the_graph_inputs_as_the_copies_do(tiny_triton, glue
         pytest.skip(f"the compiled packing did not build: {packing.LIBRARY.reason}")
     if glue == "extension" and packing.EXT.get() is None:
         pytest.skip(f"the packing's extension did not build: {packing.EXT.reason}")
-    monkeypatch.setattr(packing, "_use_ext", {"on": glue == "extension"})
+    monkeypatch.setattr(packing.cbuild, "_glue", {"on": glue == "extension"})
     calls = {"ext": 0}
     if glue == "extension":
         real = packing.EXT.module.pack_padded

@@ -360,11 +360,11 @@ def test_the_extension_glues_a_staged_step_as_the_python_glue(monkeypatch):
         for _ in range(2 if wide else 1):
             outs = []
             for on, runner in zip((True, False), runners):
-                before = packing.use_extension(on)
+                before = cbuild.set_host_glue(on)
                 try:
                     outs.append(_packed_fields(runner.prepare(step, reuse=True)))
                 finally:
-                    packing.use_extension(before)
+                    cbuild.set_host_glue(before)
             assert _same(*outs), i
             a, b = (x.cache for x in runners)
             assert a.blocks == b.blocks and a.free_blocks == b.free_blocks and a.lengths == b.lengths
