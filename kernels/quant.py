@@ -262,6 +262,44 @@ def linear_unchecked(lib, x: torch.Tensor, w: QuantWeight, bias: Optional[torch.
     return y
 
 
+def quant_linear_topk(x: torch.Tensor, weight: QuantWeight, k: int = 1, threads: Optional[int] = None
+                      ) -> tuple[torch.Tensor, list[int], list[list[int]]]:
+    """``quant_linear(x, weight)`` (an LM head's logits y) with every row's argmax and top-``k``
+    from the same call: (y, argmax per row, top-k per row). Each thread ranks the part of every
+    row it wrote while it is in its cache, instead of a pass over y after the product (a row of a
+    49k vocabulary: 196 KB). The answers are ``kernels.rows.argmax_topk_rows(y, k)``'s, equal
+    values in index order; a row holding a NaN gets torch's (tests/test_kernel_quant.py)."""
+    lib = skinny._require()
+    n, kk = check_weight(weight)
+    if x.dim() != 2 or x.shape[1] != kk or x.dtype != torch.float32 or x.device.type != "cpu" or (
+            x.stride(1) != 1 and x.shape[1] > 1):
+        raise ValueError(f"x must be a float32 CPU (M, {kk}) tensor with contiguous rows, got {x.dtype} "
+                         f"{tuple(x.shape)} on {x.device}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= min(skinny.MAX_TOPK, n):
+        raise ValueError(f"k must be an int in [1, {min(skinny.MAX_TOPK, n)}], got {k!r}")
+    return topk_unchecked(lib, x, weight, k, skinny._threads(threads))
+
+
+def topk_unchecked(lib, x: torch.Tensor, w: QuantWeight, k: int, threads: int
+                   ) -> tuple[torch.Tensor, list[int], list[list[int]]]:
+    """``quant_linear_topk`` without the checks, for callers that built the arguments."""
+    m, kdim = x.shape
+    y = torch.empty(m, w.n, dtype=torch.float32)
+    idx = torch.empty(m, k, dtype=torch.int64)
+    bad = torch.empty(m, dtype=torch.int64)
+    if m == 0:
+        return y, [], []
+    n_bad = lib.quant_linear_topk(x.data_ptr(), x.stride(0), FORMATS[w.format], w.data.data_ptr(), None,
+                                  y.data_ptr(), m, w.n, kdim, threads, k, idx.data_ptr(), bad.data_ptr())
+    if n_bad < 0:
+        raise MemoryError(f"quant_linear_topk could not allocate its buffers (M={m}, K={kdim})")
+    top = idx.tolist()
+    top1 = [t[0] for t in top]
+    for r in bad[:n_bad].tolist():  # a NaN in the row: torch's answers (NaN ranks above every number)
+        top[r], top1[r] = y[r].topk(k).indices.tolist(), int(y[r].argmax())
+    return y, top1, top
+
+
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's own quantization of x's rows (M, K): (q (M, K) int8, s (M, K / 32) fp32)."""
     lib = skinny._require()

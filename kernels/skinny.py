@@ -179,6 +179,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.quant_linear.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int] + [ctypes.c_void_p] * 3
                                  + [ctypes.c_int64] * 3 + [ctypes.c_int])
     lib.quant_linear.restype = ctypes.c_int
+    lib.quant_linear_topk.argtypes = lib.quant_linear.argtypes + [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    lib.quant_linear_topk.restype = ctypes.c_int64
     lib.quant_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                ctypes.c_void_p]
     lib.quant_rows.restype = None

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import torch
 
-from kernels import skinny
+from kernels import quant, skinny
 from kernels.backend import StepMeta
 from kernels.mask import pack_mask, tree_mask_bytes
 from kernels.rows import argmax_rows, argmax_topk_rows
@@ -248,9 +248,17 @@ class ModelRunner:
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise ValueError(f"k must be an int >= 0 (the top-k each row needs; 0 or 1: the argmax), got {k!r}")
         if self.head_screen(k) is None:
-            logits = self._step_logits(inputs, mark)
-            kk = max(1, min(k, logits.shape[-1]))
-            top1, topk = argmax_topk_rows(logits, kk) if kk > 1 else (argmax_rows(logits), None)
+            if self._ranked_head(k):  # the quantized head's logits with their top-k (kernels.quant)
+                prepared = self.prepare(inputs, reuse=True)
+                if mark is not None:
+                    mark("pack")
+                logits, top1, topk = self._forward_ranked(*prepared, k=k)
+                if mark is not None:
+                    mark("forward")
+            else:
+                logits = self._step_logits(inputs, mark)
+                kk = max(1, min(k, logits.shape[-1]))
+                top1, topk = argmax_topk_rows(logits, kk) if kk > 1 else (argmax_rows(logits), None)
             out, start = [], 0
             for inp in inputs:
                 r = len(inp.tokens) if inp.logits_rows is None else len(inp.logits_rows)
@@ -273,6 +281,24 @@ class ModelRunner:
             start += r
         return out
 
+    def _ranked_head(self, k: int) -> bool:
+        """Whether greedy steps take the argmax and top-``k`` from the quantized LM head's own call
+        (``kernels.quant.quant_linear_topk``): eager forwards of a CPU model with a quantized head,
+        its cost not emulated (an emulated forward is padded before the head would run)."""
+        return (self.model.head_quant is not None and self.graphs is None and self.model.emulated_cost is None
+                and k <= skinny.MAX_TOPK)
+
+    @_inference
+    def _forward_ranked(self, tokens: torch.Tensor, meta: StepMeta, idx: Optional[torch.Tensor], k: int = 1
+                        ) -> tuple[torch.Tensor, list[int], Optional[list[list[int]]]]:
+        """The forward of a prepared step with a quantized LM head (``_ranked_head``): the logits,
+        every row's argmax, and for ``k`` > 1 every row's top-k, as ``argmax_topk_rows`` of the
+        logits would give them."""
+        h = self.forward(tokens, meta, idx, hidden=True)
+        kk = max(1, min(k, self.cfg.vocab_size))
+        logits, top1, topk = quant.quant_linear_topk(h.contiguous(), self.model.head_quant, kk)
+        return logits, top1, (topk if kk > 1 else None)
+
     def head_screen(self, k: int = 1) -> Optional[skinny.HeadScreen]:
         """The model's LM head screen where greedy steps of this runner use it (``step_greedy``)
         for a top-``k``: eager forwards (no CUDA graphs), k <= ``kernels.skinny.MAX_TOPK``."""
@@ -284,6 +310,8 @@ class ModelRunner:
         runner has one, else the logits. For the step-cost measurement (models/cost.py)."""
         if self.head_screen(k) is not None:
             self.forward_screened(tokens, meta, idx, k)
+        elif self._ranked_head(k):
+            self._forward_ranked(tokens, meta, idx, k)
         else:
             self.forward(tokens, meta, idx)
 

@@ -143,6 +143,53 @@ def test_a_row_does_not_depend_on_its_step(fmt, threads, isa):
             assert torch.equal(got, alone[start:start + m]), (m, start)
 
 
+def tied(fmt: str, n: int, k: int, seed: int) -> quant.QuantWeight:
+    """A weight whose n rows repeat 5 distinct ones (their logits tie exactly, across the threads'
+    ranges of columns too): Q8_0 and Q4_1 quantized here, Q4_K from random blocks."""
+    g = torch.Generator().manual_seed(seed)
+    pick = torch.randint(0, 5, (n,), generator=g)
+    if fmt == "q4_k":
+        raw = q4_k_bytes(5, k, seed).reshape(5, -1)[pick.numpy()]
+        return quant.pack_gguf(raw.reshape(-1), fmt, (n, k))
+    w = torch.randn(5, k, generator=g)[pick]
+    return quant.quantize_q8_0(w) if fmt == "q8_0" else quant.quantize_q4_1(w)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_head_ranks_its_logits_as_the_rows_kernels_do(fmt, threads, isa):
+    """quant_linear_topk: the product's logits bit for bit, and every row's argmax and top-k
+    those of ``kernels.rows`` over them (equal values in index order: weights with tied rows,
+    ties across the threads' column ranges; k up to N and 64; N not a multiple of the panel);
+    a row holding a NaN gets torch's answers, the other rows theirs."""
+    from kernels import rows
+    k = kdim(fmt, 96)
+    for n, seed in ((67, 1), (5, 2), (300, 3)):
+        qw = tied(fmt, n, k, seed) if seed != 3 else weight(fmt, n, k, seed)[0]
+        g = torch.Generator().manual_seed(seed)
+        for m in (1, 2, 3, 5, 9):
+            x = torch.randn(m, k, generator=g)
+            if m == 5:
+                x[3, 7] = float("inf")  # its block's scale is inf: every logit of the row NaN
+            y = quant.quant_linear(x, qw, threads=threads)
+            assert m != 5 or bool(y[3].isnan().all())
+            for kk in sorted({1, 2, 5, min(n, 64)}):
+                if kk > n:
+                    continue
+                got_y, top1, topk = quant.quant_linear_topk(x, qw, kk, threads=threads)
+                assert torch.equal(got_y.view(torch.int32), y.view(torch.int32))  # NaN rows too
+                if kk == 1:
+                    assert top1 == rows.argmax_rows(y), (n, m)
+                else:
+                    assert (top1, topk) == rows.argmax_topk_rows(y, kk), (n, m, kk)
+    with pytest.raises(ValueError, match=r"k must be an int in \[1, 5\], got 6"):
+        quant.quant_linear_topk(torch.randn(1, k), tied(fmt, 5, k, 2), 6)
+    with pytest.raises(ValueError, match=r"k must be an int in \[1, 64\], got True"):
+        quant.quant_linear_topk(torch.randn(1, k), qw, True)
+    with pytest.raises(ValueError, match=r"x must be a float32 CPU \(M, \d+\) tensor"):
+        quant.quant_linear_topk(torch.randn(1, k + 32), qw, 1)
+
+
 def test_strided_rows_are_read_in_place():
     """x's rows may be strided (a slice of wider rows): the same result as the contiguous copy."""
     qw, _ = weight("q4_1", 20, 64, 1)

@@ -108,6 +108,34 @@ def test_tiny_greedy_lossless_on_the_quantized_path(tiny_q8, name):
     assert outputs(res) == ref
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_greedy_steps_take_their_answers_from_the_quantized_heads_call(tiny_q8, monkeypatch, k):
+    """A greedy step of a model with a quantized head ranks the logits inside the head's own call
+    (``quant_linear_topk``, no pass over them after): every input's argmax and top-k as its
+    logits give them, empty inputs included, and the logits themselves; a step whose cost is
+    emulated reduces them after the forward as before."""
+    from models import runner as runner_mod
+    calls = []
+    for mod, key in ((quant, "quant_linear_topk"), (runner_mod, "argmax_rows"), (runner_mod, "argmax_topk_rows")):
+        real = getattr(mod, key)
+        monkeypatch.setattr(mod, key, lambda *a, _f=real, _k=key, **kw: (calls.append(_k), _f(*a, **kw))[1])
+    runner = ModelRunner(tiny_q8, cache_tokens=256)
+    for s in range(4):
+        runner.add_sequence(s)
+    step = [StepInput(0, [3, 4, 5, 6], parents=[-1, 0, 0, 1]), StepInput(1, [7], logits_rows=[]),
+            StepInput(2, [8, 9]), StepInput(3, [1, 2, 3], logits_rows=[2, 0])]
+    full = runner.step(step)
+    calls.clear()
+    got = runner.step_greedy(step, k=k)
+    assert calls == ["quant_linear_topk"]
+    for (lg, top1, topk), ref in zip(got, full):
+        assert torch.equal(lg.tensor(), ref)
+        assert top1 == ref.argmax(-1).tolist()
+        assert topk == (None if k == 1 else ref.topk(k, -1).indices.tolist())
+    monkeypatch.setattr(tiny_q8, "emulated_cost", object())
+    assert not runner._ranked_head(k)
+
+
 def test_nothing_tunes_or_packs_the_dropped_fp32_weights(tiny_q8, tmp_path):
     assert tune_model(tiny_q8, tmp_path) == {}
     assert all(getattr(m, "plan", None) is None for m in tiny_q8.modules()) and tiny_q8.head_plan is None

@@ -333,21 +333,34 @@ ROWS(4)
 ROWS(5)
 ROWS(8)
 
-/* x (M, K) rows at x_stride floats; W (ceil(N / 16) panels) in the layout above; b (N,) or NULL;
- * y (M, N). K a multiple of 32. Returns 0, -1 out of memory, -2 a format it does not know. */
-int quant_linear(const float *x, int64_t x_stride, int fmt, const uint8_t *W, const float *b, float *y, int64_t M,
-                 int64_t N, int64_t K, int threads) {
+int skinny_topk_range(const float *x, int64_t lo, int64_t hi, int k, float *val, int64_t *idx, int *filled);
+int skinny_topk_merge(int parts, const float *val, const int64_t *idx, const int *filled, int k, int64_t *out);
+
+/* quant_linear, and with k >= 1 each row's top-k of y (largest first, equal values in index
+ * order: skinny_reduce.c's answer) into idx (M, k): each thread ranks the part of every row it
+ * wrote, while it is in its cache, and the calling thread merges the threads' lists. A row
+ * holding a NaN is listed in bad (its idx left unset). Returns the number of bad rows, -1 out
+ * of memory, -2 a format it does not know. */
+static int64_t linear_topk(const float *x, int64_t x_stride, int fmt, const uint8_t *W, const float *b, float *y,
+                           int64_t M, int64_t N, int64_t K, int threads, int k, int64_t *idx, int64_t *bad) {
     if (fmt != QF_Q4_1 && fmt != QF_Q8_0 && fmt != QF_Q4_1F) return -2;
     if (M <= 0) return 0;
     const int64_t nb = K / 32;
-    const size_t qb = ((size_t)(M * K) + 63) & ~(size_t)63, sb = ((size_t)(M * nb) * 4 + 63) & ~(size_t)63;
-    char *buf = aligned_alloc(64, qb + 3 * sb);
-    if (!buf) return -1;
-    const qrows a = {(const int8_t *)buf, (const float *)(buf + qb), (const float *)(buf + qb + sb),
-                     (const int32_t *)(buf + qb + 2 * sb)};
     const int64_t C = q_tile_panels(M), panels = (N + PANEL - 1) / PANEL, tiles = (panels + C - 1) / C;
     int nt = threads > tiles ? (int)tiles : threads;
     if (nt < 1) nt = 1;
+    /* the activations' quantization, then per thread and row a kept list: k values, k indices,
+     * its length and whether the part held a NaN */
+    const size_t qb = ((size_t)(M * K) + 63) & ~(size_t)63, sb = ((size_t)(M * nb) * 4 + 63) & ~(size_t)63;
+    const size_t lists = k > 0 ? (size_t)nt * (size_t)M : 0, tb = lists * (size_t)k * 12 + lists * 8;
+    char *buf = aligned_alloc(64, qb + 3 * sb + ((tb + 63) & ~(size_t)63));
+    if (!buf) return -1;
+    const qrows a = {(const int8_t *)buf, (const float *)(buf + qb), (const float *)(buf + qb + sb),
+                     (const int32_t *)(buf + qb + 2 * sb)};
+    int64_t *const tidx = (int64_t *)(buf + qb + 3 * sb);  /* list (t, r) at (t M + r) k */
+    float *const tval = (float *)(tidx + lists * (size_t)k);
+    int *const tfill = (int *)(tval + lists * (size_t)k), *const tnan = tfill + lists;
+    memset(tfill, 0, sizeof(int) * 2 * lists); /* threads OpenMP did not start leave empty lists */
     side_stream *const sd = skinny_side; /* the calling thread's (thread-local) */
 #pragma omp parallel num_threads(nt)
     {
@@ -362,9 +375,60 @@ int quant_linear(const float *x, int64_t x_stride, int fmt, const uint8_t *W, co
             else if (fmt == QF_Q4_1F) qrows5(&a, W, b, y, M, N, K, p0, p1, sd, (int)t);
             else qrows8(&a, W, b, y, M, N, K, p0, p1, sd, (int)t);
         }
+        if (k > 0) { /* this thread's columns of every row, as its own writes left them in its cache */
+            const int64_t lo = p0 * PANEL < N ? p0 * PANEL : N, hi = p1 * PANEL < N ? p1 * PANEL : N;
+            for (int64_t r = 0; r < M; r++) {
+                const size_t l = (size_t)t * (size_t)M + (size_t)r;
+                tnan[l] = lo < hi && skinny_topk_range(y + r * N, lo, hi, k, tval + l * k, tidx + l * k,
+                                                       &tfill[l]) != 0;
+            }
+        }
+    }
+    int64_t n_bad = 0;
+    if (k > 0) {
+        int fill[256];
+        float *val = malloc(sizeof(float) * (size_t)nt * (size_t)k);
+        int64_t *ix = malloc(sizeof(int64_t) * (size_t)nt * (size_t)k);
+        if (!val || !ix || nt > 256) {
+            free(val);
+            free(ix);
+            free(buf);
+            return -1;
+        }
+        for (int64_t r = 0; r < M; r++) {
+            int nan = 0;
+            for (int t = 0; t < nt; t++) { /* the row's lists side by side, lowest range first */
+                const size_t l = (size_t)t * (size_t)M + (size_t)r;
+                nan |= tnan[l];
+                fill[t] = tfill[l];
+                memcpy(val + (size_t)t * k, tval + l * k, sizeof(float) * (size_t)k);
+                memcpy(ix + (size_t)t * k, tidx + l * k, sizeof(int64_t) * (size_t)k);
+            }
+            if (nan) bad[n_bad++] = r;
+            else skinny_topk_merge(nt, val, ix, fill, k, idx + r * k);
+        }
+        free(val);
+        free(ix);
     }
     free(buf);
-    return 0;
+    return n_bad;
+}
+
+/* x (M, K) rows at x_stride floats; W (ceil(N / 16) panels) in the layout above; b (N,) or NULL;
+ * y (M, N). K a multiple of 32. Returns 0, -1 out of memory, -2 a format it does not know. */
+int quant_linear(const float *x, int64_t x_stride, int fmt, const uint8_t *W, const float *b, float *y, int64_t M,
+                 int64_t N, int64_t K, int threads) {
+    return (int)linear_topk(x, x_stride, fmt, W, b, y, M, N, K, threads, 0, NULL, NULL);
+}
+
+/* quant_linear and each row's top-k (1 <= k <= 64, k <= N) of y into idx (M, k): returns how many
+ * rows hold a NaN (listed in bad, their idx unset: the caller asks torch), -1 out of memory, -2 a
+ * format it does not know, -3 k out of range. An LM head's greedy answers come with its logits,
+ * ranked by the threads that wrote them (kernels/quant.py quant_linear_topk). */
+int64_t quant_linear_topk(const float *x, int64_t x_stride, int fmt, const uint8_t *W, const float *b, float *y,
+                          int64_t M, int64_t N, int64_t K, int threads, int k, int64_t *idx, int64_t *bad) {
+    if (k < 1 || k > 64 || k > N) return -3;
+    return linear_topk(x, x_stride, fmt, W, b, y, M, N, K, threads, k, idx, bad);
 }
 
 /* x's rows quantized as quant_linear does: q (M, K) int8, s (M, K / 32) */

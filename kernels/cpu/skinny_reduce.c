@@ -6,7 +6,7 @@
  * values, largest first, equal values in index order (torch.topk leaves their order open).
  * A row holding a NaN is not handled here: its answer is -1 and kernels/skinny.py asks torch
  * for it (torch ranks NaN above every number). kernels/skinny.py calls these and holds the
- * torch references.
+ * torch references; quant_gemm.c ranks its LM head's logits with them (quant_linear_topk).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -51,11 +51,13 @@ void skinny_argmax(const float *x, int64_t rows, int64_t n, int64_t row_stride, 
     for (int64_t r = 0; r < rows; r++) out[r] = argmax_row(x + r * row_stride, n);
 }
 
-/* the k (<= n) largest of x[0:n], largest first, equal values in index order, into idx[0:k];
- * returns 0, or -1 when x holds a NaN */
-static int topk_row(const float *x, int64_t n, int k, int64_t *idx) {
-    float val[64];
-    int filled = 0;
+/* x[lo:hi] ranked into a kept list (val, idx: its *filled entries, largest first, equal values in
+ * index order, every kept index below lo): the k largest of the kept and x[lo:hi] after it, in
+ * that order. Returns 0, or -1 when x[lo:hi] holds a NaN (the list is then not to be used). One
+ * row is ranked in one call (topk_row), or in ranges by the threads that wrote them, their lists
+ * merged after (skinny_topk_merge: quant_gemm.c's head with its top-k). */
+int skinny_topk_range(const float *x, int64_t lo, int64_t hi, int k, float *val, int64_t *idx, int *filled_io) {
+    int filled = *filled_io;
     /* insert x[i]: after every kept value >= it (those came earlier: index order among equals) */
 #define PUSH(i)                                                                                           \
     do {                                                                                                  \
@@ -72,14 +74,14 @@ static int topk_row(const float *x, int64_t n, int k, int64_t *idx) {
         idx[p_] = (i);                                                                                    \
         if (filled < k) filled++;                                                                         \
     } while (0)
-    int64_t i = 0;
-    for (; i < n && filled < k; i++) {
+    int64_t i = lo;
+    for (; i < hi && filled < k; i++) {
         if (isnan(x[i])) return -1;
         PUSH(i);
     }
     /* 32 values per test against the k-th kept one (their maximum: past the first few hundred
      * values almost no block holds one that enters); a block that does is looked at by 8s */
-    const int64_t n32 = i + ((n - i) & ~(int64_t)31);
+    const int64_t n32 = i + ((hi - i) & ~(int64_t)31);
     __m256 nan = _mm256_setzero_ps();
     for (; i < n32; i += 32) {
         const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8), c = _mm256_loadu_ps(x + i + 16),
@@ -98,12 +100,38 @@ static int topk_row(const float *x, int64_t n, int k, int64_t *idx) {
         }
     }
     if (!_mm256_testz_ps(nan, nan)) return -1;
-    for (; i < n; i++) {
+    for (; i < hi; i++) {
         if (isnan(x[i])) return -1;
         if (x[i] > val[k - 1]) PUSH(i);
     }
 #undef PUSH
+    *filled_io = filled;
     return 0;
+}
+
+/* the k (<= n) largest of x[0:n], largest first, equal values in index order, into idx[0:k];
+ * returns 0, or -1 when x holds a NaN */
+static int topk_row(const float *x, int64_t n, int k, int64_t *idx) {
+    float val[64];
+    int filled = 0;
+    return skinny_topk_range(x, 0, n, k, val, idx, &filled);
+}
+
+/* out[0:k] = the k largest of `parts` kept lists (skinny_topk_range's, list p at val + p k, idx
+ * + p k, filled[p] entries) of consecutive index ranges, lowest range first: largest first,
+ * equal values in index order, i.e. what one list over the whole row keeps. Returns how many it
+ * wrote (k, or every entry where the lists hold fewer). */
+int skinny_topk_merge(int parts, const float *val, const int64_t *idx, const int *filled, int k, int64_t *out) {
+    int head[256] = {0}, n = 0;
+    if (parts > 256) parts = 256;
+    for (; n < k; n++) {
+        int best = -1;
+        for (int p = 0; p < parts; p++) /* strictly larger: an equal value of a later range stays behind */
+            if (head[p] < filled[p] && (best < 0 || val[p * k + head[p]] > val[best * k + head[best]])) best = p;
+        if (best < 0) break;
+        out[n] = idx[best * k + head[best]++];
+    }
+    return n;
 }
 
 /* idx (rows, k) = the top-k indices of each row of x, 1 <= k <= 64 and k <= n; returns the number
