@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 from decoding import compiled
-from decoding.tree import PLD, POOL, RECYCLE, StepTree
+from decoding.tree import HARVEST, PLD, POOL, RECYCLE, StepTree
 from kernels import cbuild
 
 CPU = Path(__file__).with_name("cpu")
@@ -433,6 +433,7 @@ class CNgramPool:
         self._add, self._add_all, self._count = lib.pool_add, lib.pool_add_all, lib.pool_count
         self._add_many = lib.pool_add_many
         self._items, self._chains, self._total = lib.pool_items, lib.pool_add_chains, lib.pool_total
+        self._at = tuple(ctypes.cast(f, ctypes.c_void_p).value for f in (lib.pool_add_all, lib.pool_add_many))
 
     def __del__(self):
         if getattr(self, "_h", None):
@@ -455,6 +456,25 @@ class CNgramPool:
         lo = max(0, start - self.n + 1)
         a = array("i", tokens[lo:])
         _ok(self._add_all(self._h, _ptr(a), len(a), start - lo), "CNgramPool.add_all")
+
+    def window_update(self, tokens: list[int], n_new: int, levels: list[list[int]], real: list[list[bool]],
+                      tips: Optional[list[int]], rows: dict[int, int], top1: list[int], root: int,
+                      from_output: bool) -> Optional[tuple[list[list[int]], list[list[bool]]]]:
+        """Lookahead.update's pool and window work in one call of the C glue (decoding/cpu/glue.c,
+        the window sliding one level): with ``from_output`` the n-grams holding the last
+        ``n_new`` tokens, then (``tips`` not None) the window's closed columns (``harvest``, each
+        tip's prediction ``top1[rows[tip]]``) with origin HARVEST; returns the slid window
+        (levels, real), or None where the glue is not built or does not take the call (the pool
+        unchanged: the caller runs the Python glue)."""
+        glue = compiled.glue()
+        if glue is None:
+            return None
+        done = glue.window_update(self._at[0], self._at[1], self._h, self.n, tokens, n_new, levels, real, tips, rows,
+                                  top1, root, HARVEST, from_output)
+        if done is None:
+            return None
+        _ok(done[0], "CNgramPool.window_update")
+        return done[1], done[2]
 
     def items(self, key: int) -> list[tuple[tuple, int]]:
         count = self._count(self._h, key)

@@ -190,6 +190,12 @@ class Lookahead(Proposer[LookaheadState]):
 
     def update(self, state: LookaheadState, outcome: Outcome) -> None:
         cfg = self.cfg
+        if self.buf is not None and cfg.window_shift == "one" and (slid := state.pool.window_update(
+                state.tokens, len(outcome.new_tokens), state.levels, state.real, state.tips, outcome.rows,
+                [] if state.tips is None else outcome.row_argmax(), outcome.tree.tokens[0],
+                cfg.pool_from_output)) is not None:
+            state.levels, state.real = slid  # the compiled path: the work below in one call of the C glue
+            return
         if cfg.pool_from_output:  # the n-grams holding a new token: only the list's tail is read
             start = len(state.tokens) - len(outcome.new_tokens)
             low = max(0, start - state.pool.n + 1)

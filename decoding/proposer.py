@@ -116,9 +116,15 @@ class Outcome:
         """The model's most likely next token after each of ``nodes`` (one batched argmax)."""
         if not nodes:
             return []
-        if self._top1 is None:  # every row at once (no gathered copy of the rows), kept for later calls
+        top1 = self.row_argmax()
+        return [top1[self.rows[n]] for n in nodes]
+
+    def row_argmax(self) -> list[int]:
+        """Every row's argmax, in the rows' order: reduced once (every row at once, no gathered
+        copy of the rows) and kept for later calls."""
+        if self._top1 is None:
             self._top1 = argmax_rows(logits_tensor(self.logits))
-        return [self._top1[self.rows[n]] for n in nodes]
+        return self._top1
 
     def top_rows(self, k: int) -> list[list[int]]:
         """Per row of ``logits``: the model's k best next tokens, best first (equal logits in

@@ -305,3 +305,77 @@ def test_learn_from_refreshes_a_compiled_table_as_the_dict(glue):
             learn_from(CTable(3), _Outcome([1, 2], {0: 0, 1: 1}, [0], [[1], [1, 2]]), 3)
     finally:
         compiled.use_extension(before)
+
+
+@pytest.mark.parametrize("glue", [True, False], ids=["c-glue", "python-glue"])
+def test_the_lookahead_window_updates_a_compiled_pool_as_the_reference(glue):
+    """Lookahead.update on the compiled path (decoding/cpu/glue.c ``window_update``, or the Python
+    fold over the compiled pool) against the reference (lists and NgramPool): the same pool
+    contents and window after random steps: windows of any shape with unreal levels, tips sent
+    or not (or no window), the pool learning from the output or not, few distinct tokens so that
+    n-grams repeat and refresh. A window the glue does not take (a level of another width) leaves
+    the pool as it was and the Python fold runs."""
+    import torch
+
+    from decoding import compiled
+    from decoding.lookahead import Lookahead, LookaheadConfig
+    from decoding.proposer import Outcome, SeqState
+
+    if glue and compiled.glue() is None:
+        pytest.skip(f"the C glue did not build: {compiled.EXT.reason}")
+    rng = random.Random(11)
+    calls = {"glue": 0}
+    real_update = CNgramPool.window_update
+
+    def counted(self, *a):
+        done = real_update(self, *a)
+        calls["glue"] += done is not None
+        return done
+    before = compiled.use_extension(glue)
+    CNgramPool.window_update = counted
+    try:
+        for trial in range(150):
+            W, N, vocab = rng.randrange(2, 7), rng.randrange(2, 6), rng.randrange(2, 6)
+            cfg = LookaheadConfig(window=W, ngram=N, guesses=rng.randrange(0, 4),
+                                  pool_from_output=rng.random() < 0.8)
+            prompt = [rng.randrange(vocab) for _ in range(rng.randrange(2, 12))]
+            states = []
+            for on in (True, False):
+                was = compiled.use_compiled(on)
+                try:
+                    p = Lookahead(cfg)
+                    states.append((p, p.init_state(SeqState(0, list(prompt), len(prompt)))))
+                finally:
+                    compiled.use_compiled(was)
+            (fast, fs), (ref, rs) = states
+            assert fast.buf is not None and ref.buf is None
+            for step in range(rng.randrange(1, 6)):
+                levels = [[rng.randrange(vocab) for _ in range(W)] for _ in range(N - 1)]
+                real = [[rng.random() < 0.8 for _ in range(W)] for _ in range(N - 1)]
+                n_nodes = rng.randrange(1, 3 * W + 2)
+                tips = None if rng.random() < 0.15 else [rng.randrange(n_nodes) for _ in range(W)]
+                nodes = rng.sample(range(n_nodes), rng.randrange(0, n_nodes + 1))
+                rows = {n: j for j, n in enumerate(nodes)}
+                top1 = [rng.randrange(vocab) for _ in nodes]
+                new = [rng.randrange(vocab) for _ in range(rng.randrange(1, 5))]
+                tree = StepTree.root(rng.randrange(vocab))
+                for s in (fs, rs):
+                    s.tokens += new
+                    s.levels, s.real, s.tips = [list(lv) for lv in levels], [list(r) for r in real], tips
+                if step == 3:  # a window the glue does not take: the Python fold, the pool untouched before it
+                    fs.levels[-1] = fs.levels[-1] + [0]
+                    rs.levels[-1] = rs.levels[-1] + [0]
+                    fs.real[-1] = fs.real[-1] + [False]
+                    rs.real[-1] = rs.real[-1] + [False]
+                for p, s in ((fast, fs), (ref, rs)):
+                    out = Outcome(tree=tree, path=[0], new_tokens=list(new), logits=torch.zeros(len(nodes), vocab),
+                                  rows=dict(rows), sent=n_nodes).reduced(list(top1), None)
+                    p.update(s, out)
+                assert fs.levels == rs.levels and fs.real == rs.real, (trial, step)
+                assert len(fs.pool) == len(rs.pool), (trial, step)
+                for key in range(vocab):
+                    assert fs.pool.items(key) == rs.pool.items(key), (trial, step, key)
+        assert not glue or calls["glue"] > 300
+    finally:
+        CNgramPool.window_update = real_update
+        compiled.use_extension(before)

@@ -10,6 +10,9 @@
  * - The recycled table's refresh from a step (decoding/recycle.py, ``learn_from``): every row's
  *   token and top-k gathered in the reference's order into tables.c's ``table_refresh``
  *   (tests/test_compiled_draft.py).
+ * - The lookahead window's update (decoding/lookahead.py, ``Lookahead.update``): the new tokens'
+ *   n-grams and the closed columns into the compiled pool, the window slid one level
+ *   (tests/test_compiled_draft.py).
  *
  * A function answers None where it does not take the call (a field that is not what it should
  * be, a node outside its tree): the Python glue then does, and says what is wrong. */
@@ -442,6 +445,138 @@ done:
     return result;
 }
 
+typedef int (*add_all_fn)(void *pool, const int32_t *tokens, int len, int start);
+typedef int (*add_many_fn)(void *pool, const int32_t *ngrams, int count, int32_t origin);
+
+/* an int32 from a Python int; 0 (no error set) where it is not one */
+static int as_i32(PyObject *v, int32_t *out) {
+    if (!PyLong_Check(v)) return 0;
+    int overflow = 0;
+    const long x = PyLong_AsLongAndOverflow(v, &overflow);
+    if (overflow || x < INT32_MIN || x > INT32_MAX || (x == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = (int32_t)x;
+    return 1;
+}
+
+/* window_update(add_all, add_many, pool, n, tokens, n_new, levels, real, tips, rows, top1, root, origin,
+ *               from_output) -> (code, levels, real) or None: Lookahead.update on a compiled pool, the
+ * window sliding one level (decoding/lookahead.py: the pool learns the n-grams holding the step's
+ * n_new tokens, then the window's closed columns (``harvest``) with `origin`, and the window
+ * slides (``slide``, skip 0)). Everything is read and checked before the pool changes: None
+ * leaves it as it was, for the Python glue. code: the first negative code of tables.c, else 0. */
+static PyObject *window_update(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "window_update takes 14 arguments");
+        return NULL;
+    }
+    add_all_fn add_all = (add_all_fn)addr(args[0]);
+    add_many_fn add_many = (add_many_fn)addr(args[1]);
+    void *pool = addr(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *tokens = args[4], *levels = args[6], *real = args[7], *tips = args[8], *rows = args[9], *top1 = args[10];
+    int32_t n, n_new, root, origin;
+    const int from_output = PyObject_IsTrue(args[13]);
+    if (from_output < 0) return NULL;
+    if (!as_i32(args[3], &n) || !as_i32(args[5], &n_new) || !as_i32(args[11], &root) || !as_i32(args[12], &origin) ||
+        !PyList_CheckExact(tokens) || !PyList_CheckExact(levels) || !PyList_CheckExact(real) || n < 2)
+        Py_RETURN_NONE;
+    const Py_ssize_t L = PyList_GET_SIZE(levels), T = PyList_GET_SIZE(tokens);
+    if (L < 1 || PyList_GET_SIZE(real) != L || L + 1 != n || n_new < 0 || n_new > T) Py_RETURN_NONE;
+    PyObject *first = PyList_GET_ITEM(levels, 0);
+    if (!PyList_CheckExact(first)) Py_RETURN_NONE;
+    const Py_ssize_t W = PyList_GET_SIZE(first);
+    const int has_tips = tips != Py_None;
+    if (W < 1 || (has_tips && (!PyList_CheckExact(tips) || PyList_GET_SIZE(tips) != W || !PyDict_CheckExact(rows) ||
+                               !PyList_CheckExact(top1))))
+        Py_RETURN_NONE;
+    /* the new tokens' n-grams: the tail of tokens from n - 1 before the first new one */
+    const Py_ssize_t start = T - n_new, low = start - (n - 1) > 0 ? start - (n - 1) : 0;
+    int32_t *buf = malloc(sizeof(int32_t) * (size_t)((T - low) + 2 * L * W + 2 * W + W * n + 1));
+    if (!buf) return PyErr_NoMemory();
+    int32_t *tail = buf, *lv = tail + (T - low), *made = lv + L * W, *newtok = made + L * W, *sent = newtok + W,
+            *grams = sent + W;
+    PyObject *result = NULL, *new_levels = NULL, *new_real = NULL, *newest = NULL, *newest_real = NULL;
+    if (from_output)
+        for (Py_ssize_t i = low; i < T; i++)
+            if (!as_i32(PyList_GET_ITEM(tokens, i), tail + (i - low))) goto none;
+    for (Py_ssize_t j = 0; j < L; j++) {
+        PyObject *a = PyList_GET_ITEM(levels, j), *b = PyList_GET_ITEM(real, j);
+        if (!PyList_CheckExact(a) || !PyList_CheckExact(b) || PyList_GET_SIZE(a) != W || PyList_GET_SIZE(b) != W)
+            goto none;
+        for (Py_ssize_t c = 0; c < W; c++) {
+            const int t = PyObject_IsTrue(PyList_GET_ITEM(b, c));
+            if (t < 0 || !as_i32(PyList_GET_ITEM(a, c), lv + j * W + c)) goto none;
+            made[j * W + c] = t;
+        }
+    }
+    int count = 0;
+    if (has_tips) {
+        const Py_ssize_t R = PyList_GET_SIZE(top1);
+        for (Py_ssize_t c = 0; c < W; c++) { /* the tips' predictions: the argmax of each one sent */
+            PyObject *row = PyDict_GetItemWithError(rows, PyList_GET_ITEM(tips, c));
+            sent[c] = row != NULL;
+            if (!row) {
+                if (PyErr_Occurred()) goto none;
+                continue;
+            }
+            int32_t r;
+            if (!as_i32(row, &r) || r < 0 || r >= R || !as_i32(PyList_GET_ITEM(top1, r), newtok + c)) goto none;
+        }
+        for (Py_ssize_t c = 0; c < W; c++) { /* harvest: the closed columns whose levels are all real */
+            if (!sent[c]) continue;
+            int all = 1;
+            for (Py_ssize_t j = c == 0 ? 1 : 0; j < L; j++) all &= made[j * W + c] != 0;
+            if (!all) continue;
+            int32_t *g = grams + (size_t)count++ * n;
+            g[0] = c == 0 ? root : lv[c];
+            for (Py_ssize_t j = 1; j < L; j++) g[j] = lv[j * W + c];
+            g[L] = newtok[c];
+        }
+        /* the slid window's lists, made before the pool changes (only memory can fail here) */
+        if (!(new_levels = PyList_New(L)) || !(new_real = PyList_New(L)) || !(newest = PyList_New(W)) ||
+            !(newest_real = PyList_New(W)))
+            goto fail;
+        for (Py_ssize_t c = 0; c < W; c++) {
+            PyObject *tok = sent[c] ? PyLong_FromLong(newtok[c]) : Py_NewRef(PyList_GET_ITEM(PyList_GET_ITEM(levels, L - 1), c));
+            if (!tok) goto fail;
+            PyList_SET_ITEM(newest, c, tok);
+            PyList_SET_ITEM(newest_real, c, Py_NewRef(sent[c] ? Py_True : Py_False));
+        }
+        for (Py_ssize_t j = 0; j + 1 < L; j++) {
+            PyList_SET_ITEM(new_levels, j, Py_NewRef(PyList_GET_ITEM(levels, j + 1)));
+            PyList_SET_ITEM(new_real, j, Py_NewRef(PyList_GET_ITEM(real, j + 1)));
+        }
+        PyList_SET_ITEM(new_levels, L - 1, newest);
+        PyList_SET_ITEM(new_real, L - 1, newest_real);
+        newest = newest_real = NULL;
+    }
+    int rc = from_output ? add_all(pool, tail, (int)(T - low), (int)(start - low)) : 0;
+    if (rc >= 0 && count) rc = add_many(pool, grams, count, origin);
+    if (has_tips)
+        result = Py_BuildValue("(iNN)", rc < 0 ? rc : 0, new_levels, new_real);
+    else
+        result = Py_BuildValue("(iOO)", rc < 0 ? rc : 0, levels, real);
+    new_levels = new_real = NULL;
+    goto done;
+none:
+    PyErr_Clear();
+    result = Py_NewRef(Py_None);
+    goto done;
+fail:
+    result = NULL;
+done:
+    Py_XDECREF(new_levels);
+    Py_XDECREF(new_real);
+    Py_XDECREF(newest);
+    Py_XDECREF(newest_real);
+    free(buf);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"learn", (PyCFunction)(void (*)(void))learn, METH_FASTCALL,
      "learn(fn, table, tokens, rows, path, top): recycle.learn_from into a compiled table; its code or None"},
@@ -449,6 +584,9 @@ static PyMethodDef methods[] = {
      "select(fn, cfg, cost, accs, trees, calibration, window_rate): (kept, expected, flat) or None"},
     {"observe_all", (PyCFunction)(void (*)(void))observe_all, METH_FASTCALL,
      "observe_all(fn, cfg, accs, flat, outcomes): (credit, columns) or None"},
+    {"window_update", (PyCFunction)(void (*)(void))window_update, METH_FASTCALL,
+     "window_update(add_all, add_many, pool, n, tokens, n_new, levels, real, tips, rows, top1, root, origin, "
+     "from_output): (code, levels, real) or None"},
     {"max_depth", (PyCFunction)(void (*)(void))max_depth, METH_FASTCALL,
      "max_depth(fn, cfg, cost, accs, B, sources, calibration): depths or None"},
     {NULL, NULL, 0, NULL}};
