@@ -148,6 +148,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.skinny_attention_kv16.argtypes = lib.skinny_attention.argtypes
     lib.skinny_attention_kv16.restype = ctypes.c_int
     lib.skinny_kv16_available.restype = ctypes.c_int
+    lib.skinny_visibility.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    lib.skinny_visibility.restype = None
     lib.prefill_attention.argtypes = ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_int] * 4 + [ctypes.c_void_p] * 3
                                       + [ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p,
                                          ctypes.c_int])
@@ -431,6 +433,24 @@ def skinny_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return attention_unchecked(q, k_cache, v_cache, block_ids, length, mask, causal,
                                d ** -0.5 if scale is None else scale,
                                threads)
+
+
+def visibility(words: torch.Tensor, context: int) -> Optional[torch.Tensor]:
+    """A tree step's (T, context + T) bool visibility of one sequence from its (T, n_words) int32
+    mask words (kernels/mask.py): every committed key, then the step's keys its words set;
+    ``torch.ones`` with ``unpack_mask`` beside the context, in one C call (cpu/skinny_attention.c).
+    None where the library is not built or the words are not contiguous int32 CPU rows (the
+    caller unpacks them with torch)."""
+    lib = _lib or _load()
+    if (lib is None or words.dim() != 2 or words.dtype != torch.int32 or words.device.type != "cpu"
+            or not words.is_contiguous() or context < 0):
+        return None
+    t = words.shape[0]
+    if t > 32 * words.shape[1]:
+        raise ValueError(f"words must hold a bit per row: {t} rows need >= {-(-t // 32)} words, got {words.shape[1]}")
+    out = torch.empty(t, context + t, dtype=torch.bool)
+    lib.skinny_visibility(words.data_ptr(), words.shape[1], t, context, out.data_ptr())
+    return out
 
 
 def attention_unchecked(q, k_cache, v_cache, block_ids, length, mask, causal, scale, threads=None) -> torch.Tensor:

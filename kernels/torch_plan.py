@@ -12,7 +12,6 @@ rule (with or without a committed prefix) by the prefill kernel (``skinny.prefil
 NOTES.md); other dtypes, devices and masks by SDPA.
 """
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -28,39 +27,90 @@ from kernels.mask import unpack_mask
 SMALL_ROWS = 64
 
 
-@dataclass
 class SeqPlan:
-    start: int  # query rows start:end of the packed step
-    end: int
-    length: int  # keys: committed prefix + step
-    first_block: Optional[int]  # the sequence's blocks are first_block, first_block + 1, ...: a view
-    blocks: Optional[torch.Tensor]  # (n_blk,) int64 physical blocks otherwise (a gather)
-    n_blk: int
-    mask: Optional[torch.Tensor]  # (T, length) bool visibility; None = every key visible
-    causal: bool  # SDPA's own causal rule (a whole causal prefill without a prefix)
-    block_ids: Optional[torch.Tensor] = None  # (n_blk,) int32 physical blocks (CPU: the skinny kernel's input)
-    # the causal rule after the committed prefix, no window (row t sees keys j <= t + length - T),
-    # with the int32 blocks: the CPU prefill kernel's case (a prompt, or a chunk of one)
-    prefill_ids: Optional[torch.Tensor] = None
+    """One sequence of a step: what its attention reads, worked out once for every layer. The
+    block view or gather (``first_block``, ``blocks``: SDPA's path) is made on first use only
+    (the CPU kernels read ``block_ids``)."""
+
+    def __init__(self, start: int, end: int, length: int, table_row: torch.Tensor, n_blk: int,
+                 mask: Optional[torch.Tensor], causal: bool, block_ids: Optional[torch.Tensor] = None,
+                 prefill_ids: Optional[torch.Tensor] = None):
+        self.start, self.end = start, end  # query rows start:end of the packed step
+        self.length = length  # keys: committed prefix + step
+        self.table_row = table_row  # (n_blk,) the sequence's physical blocks, from the step's block table
+        self.n_blk = n_blk
+        self.mask = mask  # (T, length) bool visibility; None = every key visible
+        self.causal = causal  # SDPA's own causal rule (a whole causal prefill without a prefix)
+        self.block_ids = block_ids  # (n_blk,) int32 physical blocks (CPU: the skinny kernel's input)
+        # the causal rule after the committed prefix, no window (row t sees keys j <= t + length - T),
+        # with the int32 blocks: the CPU prefill kernel's case (a prompt, or a chunk of one)
+        self.prefill_ids = prefill_ids
+        self._gather: Optional[tuple] = None
+
+    def _blocks(self) -> tuple[Optional[int], Optional[torch.Tensor]]:
+        if self._gather is None:
+            row = self.table_row.tolist()
+            first = row[0] if row == list(range(row[0], row[0] + self.n_blk)) else None
+            self._gather = (first, None if first is not None else self.table_row.to(torch.int64))
+        return self._gather
+
+    @property
+    def first_block(self) -> Optional[int]:
+        """The sequence's blocks are first_block, first_block + 1, ...: a view (else None)."""
+        return self._blocks()[0]
+
+    @property
+    def blocks(self) -> Optional[torch.Tensor]:
+        """(n_blk,) int64 physical blocks where they are not consecutive (a gather), else None."""
+        return self._blocks()[1]
 
 
-@dataclass
 class StepPlan:
-    seqs: list[SeqPlan]
-    slot_start: Optional[int]  # every step slot is slot_start, slot_start + 1, ...: a slice write
-    slots: torch.Tensor  # (n,) int64 the valid slots otherwise (the -1 = skip ones removed)
-    keep: Optional[torch.Tensor]  # (n,) rows of the step whose slot is valid; None = all
+    """A step's sequences, and its K/V slots as the per-layer store reads them (made on first
+    use: the one-call CPU layer stack takes the slot mapping as it is)."""
+
+    def __init__(self, seqs: list[SeqPlan], slot_mapping: torch.Tensor):
+        self.seqs, self.slot_mapping = seqs, slot_mapping
+        self._slots: Optional[tuple] = None
+
+    def _slot_parts(self) -> tuple:
+        if self._slots is None:
+            slots = self.slot_mapping.long()
+            flat = slots.tolist()
+            start = flat[0] if flat and flat == list(range(flat[0], flat[0] + len(flat))) and flat[0] >= 0 else None
+            valid = slots >= 0
+            keep = None if all(x >= 0 for x in flat) else valid.nonzero().flatten()
+            self._slots = (start, slots[valid], keep)
+        return self._slots
+
+    @property
+    def slot_start(self) -> Optional[int]:
+        """Every step slot is slot_start, slot_start + 1, ...: a slice write (else None)."""
+        return self._slot_parts()[0]
+
+    @property
+    def slots(self) -> torch.Tensor:
+        """(n,) int64 the valid slots (the -1 = skip ones removed)."""
+        return self._slot_parts()[1]
+
+    @property
+    def keep(self) -> Optional[torch.Tensor]:
+        """(n,) rows of the step whose slot is valid; None = all."""
+        return self._slot_parts()[2]
 
 
 def plan_step(cu_seqlens_q: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor,
               context_lens: torch.Tensor, slot_mapping: torch.Tensor, mask: Optional[torch.Tensor],
               causal: Optional[torch.Tensor], block_size: int, sliding_window: Optional[int]) -> StepPlan:
-    """Arguments as for ``tree_attention_ref`` / ``kv_store_ref``; one host read of the metadata."""
+    """Arguments as for ``tree_attention_ref`` / ``kv_store_ref``; one host read of the metadata.
+    On a CPU a sequence's int32 block ids are a view of the step's table where it holds int32
+    (the packed steps' staging), and a tree's visibility is unpacked in one C call."""
     dev = positions.device
     cu, ctx = cu_seqlens_q.tolist(), context_lens.tolist()
     B = len(cu) - 1
     is_causal = [True] * B if mask is None else ([False] * B if causal is None else causal.tolist())
-    tables = block_tables.tolist()
+    on_cpu = dev.type == "cpu"
+    views = on_cpu and block_tables.dtype == torch.int32 and block_tables.is_contiguous()
     seqs = []
     for b in range(B):
         s, e, C = cu[b], cu[b + 1], ctx[b]
@@ -71,9 +121,7 @@ def plan_step(cu_seqlens_q: torch.Tensor, positions: torch.Tensor, block_tables:
         # no two of the sequence's positions (0 .. L - 1) lie a window apart: the window hides nothing
         window = sliding_window if sliding_window is not None and L > sliding_window else None
         n_blk = -(-L // block_size)
-        row = tables[b][:n_blk]
-        first = row[0] if row == list(range(row[0], row[0] + n_blk)) else None
-        blocks = None if first is not None else torch.tensor(row, dtype=torch.int64, device=dev)
+        row = block_tables[b, :n_blk]
         vis, sdpa_causal = None, False
         if is_causal[b]:
             if T > 1 and C == 0 and window is None:
@@ -81,27 +129,25 @@ def plan_step(cu_seqlens_q: torch.Tensor, positions: torch.Tensor, block_tables:
             elif T > 1:
                 vis = torch.ones(T, L, dtype=torch.bool, device=dev).tril(diagonal=C)
         else:
-            vis = torch.ones(T, L, dtype=torch.bool, device=dev)
-            vis[:, C:] = unpack_mask(mask[s:e], T)
+            vis = skinny.visibility(mask[s:e], C) if on_cpu else None
+            if vis is None:
+                vis = torch.ones(T, L, dtype=torch.bool, device=dev)
+                vis[:, C:] = unpack_mask(mask[s:e], T)
         if window is not None:
             q_pos = positions[s:e].long()
             k_pos = torch.cat([torch.arange(C, device=dev), q_pos])
             in_window = (q_pos[:, None] - k_pos[None, :]) < window
             vis = in_window if vis is None else vis & in_window
-        cpu_ids = torch.tensor(row, dtype=torch.int32) if dev.type == "cpu" else None
+        cpu_ids = None
+        if on_cpu:
+            cpu_ids = row if views else row.to(torch.int32).contiguous()
         # a tree step of any size too: its rows must not depend on the step's size (the skinny
         # kernel's do, bit for bit; SDPA rounds otherwise), or greedy speculation could differ
         # from plain greedy decoding; quantized products amplify a rounding into a changed token
         ids = cpu_ids if T <= SMALL_ROWS or not is_causal[b] else None
         prefill = cpu_ids if is_causal[b] and T > 1 and window is None else None
-        seqs.append(SeqPlan(s, e, L, first, blocks, n_blk, None if vis is None else vis.contiguous(), sdpa_causal, ids,
-                            prefill))
-    slots = slot_mapping.long()
-    flat = slots.tolist()
-    start = flat[0] if flat and flat == list(range(flat[0], flat[0] + len(flat))) and flat[0] >= 0 else None
-    valid = slots >= 0
-    keep = None if all(x >= 0 for x in flat) else valid.nonzero().flatten()
-    return StepPlan(seqs, start, slots[valid], keep)
+        seqs.append(SeqPlan(s, e, L, row, n_blk, None if vis is None else vis.contiguous(), sdpa_causal, ids, prefill))
+    return StepPlan(seqs, slot_mapping)
 
 
 def kv_store_planned(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -272,29 +272,32 @@ class Transformer(nn.Module):
         if any(sp.block_ids is None or sp.causal for sp in plan.seqs):
             return False
         b = bucket(h.shape[0])
-        lins, tensors, fmts = self._stack_parts()
-        for lin in lins:
+        plain, tensors, fmts = self._stack_parts()
+        for lin in plain:
             if lin.quant is None and (lin.plan is None or lin.plan.table[b] != "skinny"):
                 return False
         ptrs = self._layer_ptrs(tensors, fmts, k_cache, v_cache)
         seqs = plan.seqs
-        seq_start = torch.tensor([sp.start for sp in seqs] + [seqs[-1].end], dtype=torch.int32)
-        seq_len = torch.tensor([sp.length for sp in seqs], dtype=torch.int64)
+        # the per-sequence arrays as ctypes arrays: a step's few numbers, no torch op (each costs
+        # microseconds of a one-token step)
+        seq_start = (ctypes.c_int32 * (len(seqs) + 1))(*[sp.start for sp in seqs], seqs[-1].end)
+        seq_len = (ctypes.c_int64 * len(seqs))(*[sp.length for sp in seqs])
         blocks = (ctypes.c_void_p * len(seqs))(*[sp.block_ids.data_ptr() for sp in seqs])
         masks = (ctypes.c_void_p * len(seqs))(*[None if sp.mask is None else sp.mask.data_ptr() for sp in seqs])
         slots = meta.slot_mapping.to(torch.int64).contiguous()
         step = skinny.StepArgs(h.shape[0], cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                                cfg.intermediate_size, len(seqs), k_cache.shape[2], torch.get_num_threads(),
                                cfg.rms_norm_eps, cfg.head_dim ** -0.5, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
-                               seq_start.data_ptr(), seq_len.data_ptr(), ctypes.addressof(blocks),
+                               ctypes.addressof(seq_start), ctypes.addressof(seq_len), ctypes.addressof(blocks),
                                ctypes.addressof(masks), int(k_cache.dtype == torch.float16))
         skinny.layers_unchecked(h, ptrs, len(self.layers), step)
         return True
 
-    def _stack_parts(self) -> tuple[list, list]:
-        """Every layer's products and the weights ``skinny.LayerPtrs`` takes, in its order; walked
-        again only after a parameter, buffer or module was registered somewhere (a moved weight,
-        ``.data`` or ``.to()``, shows in its pointer: ``_layer_ptrs`` checks those every step)."""
+    def _stack_parts(self) -> tuple[list, list, list]:
+        """Every layer's products without a quantized weight, the weights ``skinny.LayerPtrs`` takes
+        in its order, and the products' formats; walked again only after a parameter, buffer or
+        module was registered somewhere (a moved weight, ``.data`` or ``.to()``, shows in its
+        pointer: ``_layer_ptrs`` checks those every step)."""
         parts = self.__dict__.get("_parts")
         if parts is None or parts[0] != _registrations:
             lins, tensors, fmts = [], [], []
@@ -308,7 +311,10 @@ class Transformer(nn.Module):
                 tensors += [layer.attn_norm, w(layer.wqkv), layer.wqkv.bias, w(layer.wo), layer.mlp_norm,
                             w(layer.w_gate_up), w(layer.w_down)]
                 fmts.append([0 if lin.quant is None else quant.FORMATS[lin.quant.format] for lin in prods])
-            parts = self.__dict__["_parts"] = (_registrations, lins, tensors, fmts)
+            # the products without a quantized weight: the only ones whose plan a step checks
+            # (a quantized one has one form; ``Linear.quantize`` registers, so this is walked again)
+            plain = [lin for lin in lins if lin.quant is None]
+            parts = self.__dict__["_parts"] = (_registrations, plain, tensors, fmts)
         return parts[1], parts[2], parts[3]
 
     def _layer_ptrs(self, weights: list, fmts: list, k_cache, v_cache):

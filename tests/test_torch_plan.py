@@ -116,3 +116,34 @@ def test_prompts_go_to_the_prefill_kernel(mode, window, monkeypatch):
     torch.testing.assert_close(out, ref, atol=2e-6, rtol=2e-6)
     # "masked": every sequence's rows come as an explicit mask (no causal flags): none is a prompt
     assert calls == ([] if window == 17 or mode == "masked" else [90, 80, 20])
+
+
+def test_a_trees_visibility_is_unpacked_as_the_mask_words_say():
+    """skinny.visibility (one C call) against ``torch.ones`` + ``unpack_mask`` beside the context:
+    random words of 1-3 per row (rows past 32 and 64), contexts from 0; a plan made with the C
+    helper switched off holds the same masks; words that are not contiguous int32 CPU rows are
+    left to torch."""
+    from kernels import skinny
+    from kernels.mask import pack_mask, unpack_mask
+
+    if not skinny.available():
+        pytest.skip(f"skinny kernels: {skinny.unavailable_reason()}")
+    g = torch.Generator().manual_seed(4)
+    for T, C in ((1, 0), (5, 3), (32, 17), (33, 0), (70, 40)):
+        words = pack_mask(torch.rand(T, T, generator=g) < 0.5)
+        ref = torch.ones(T, C + T, dtype=torch.bool)
+        ref[:, C:] = unpack_mask(words, T)
+        got = skinny.visibility(words, C)
+        assert got.dtype == torch.bool and torch.equal(got, ref), (T, C)
+    assert skinny.visibility(words.t(), 0) is None and skinny.visibility(words.long(), 0) is None
+    batch = make_batch(MIXED, 4, 2, 16, torch.float32, mode="masked", seed=5)
+    with_c = plan_of(batch)
+    real = skinny.visibility
+    try:
+        skinny.visibility = lambda *a: None
+        without = plan_of(batch)
+    finally:
+        skinny.visibility = real
+    masks = [(a.mask, b.mask) for a, b in zip(with_c.seqs, without.seqs)]
+    assert any(a is not None for a, _ in masks)
+    assert all((a is None and b is None) or torch.equal(a, b) for a, b in masks)

@@ -452,3 +452,18 @@ int skinny_kv16_available(void) {
     return 0;
 #endif
 }
+
+/* The (T, C + T) visibility bytes skinny_attention reads for a tree step's rows: row t sees the C
+ * committed keys and key C + j of the step where bit j of its mask words is set (bit j % 32 of
+ * word j / 32 of row t: kernels/mask.py's layout), 1 = visible. kernels/torch_plan.py plans a
+ * step with it (a few microseconds, where unpacking the words with torch took some ten ops a
+ * sequence). */
+void skinny_visibility(const int32_t *words, int64_t n_words, int64_t T, int64_t C, uint8_t *out) {
+    const int64_t L = C + T;
+    for (int64_t t = 0; t < T; t++) {
+        uint8_t *row = out + t * L;
+        memset(row, 1, (size_t)C);
+        const uint32_t *w = (const uint32_t *)words + t * n_words;
+        for (int64_t j = 0; j < T; j++) row[C + j] = (uint8_t)((w[j >> 5] >> (j & 31)) & 1u);
+    }
+}
