@@ -359,3 +359,34 @@ def test_native_takes_a_files_q4_k_products_where_every_fused_part_is_q4_k(tmp_p
                            for x in "qkv"])
     got = layer0.wqkv.quant.dequantize().numpy()
     assert np.array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32))
+
+
+def test_the_one_call_stack_sees_a_product_quantized_again_after_a_step():
+    """The one-call layer stack keeps its pointer table between steps and does not ask a
+    quantized product's packed bytes for their pointer each step: ``Linear.quantize`` with new
+    weights between two steps of one runner must be what the second uses, as in a model built
+    with them; a norm replaced through ``.data`` too."""
+    def runner_of(model):
+        runner = ModelRunner(model, cache_tokens=128)
+        runner.add_sequence(0)
+        runner.step([StepInput(0, list(range(3, 20)))])
+        runner.commit({0: list(range(17))})
+        return runner
+
+    def step(runner):  # not committed: the same step again rewrites the same slots
+        return runner.step([StepInput(0, [21, 22])])[0]
+
+    model = tiny()
+    runner = runner_of(model)
+    new_w = quant.quantize_q8_0(torch.randn(model.layers[1].w_down.weight.shape) * 0.05)
+    new_norm = torch.rand_like(model.layers[-1].mlp_norm) + 0.5  # after the last K/V: the prefix holds
+    before = step(runner)
+    model.layers[1].w_down.quantize(new_w)
+    expected = tiny()
+    expected.layers[1].w_down.quantize(new_w)
+    after = step(runner)
+    assert not torch.equal(after, before) and torch.equal(after, step(runner_of(expected)))
+    model.layers[-1].mlp_norm.data = new_norm.clone()
+    expected.layers[-1].mlp_norm.data = new_norm.clone()
+    again = step(runner)
+    assert not torch.equal(again, after) and torch.equal(again, step(runner_of(expected)))
