@@ -199,11 +199,16 @@ class Transformer(nn.Module):
         hidden: bool = False,  # return the final norm's rows (R, hidden), not the logits (``head`` makes them)
     ) -> torch.Tensor:  # (R, vocab) fp32
         h = self.embed(tokens)
-        # RoPE angles in fp32 from explicit positions (tree / window tokens share positions).
-        cos, sin = rope_tables(meta.positions, self.inv_freq, h.dtype)
         window = self.cfg.sliding_window
         plan = self.backend.plan(meta, k_cache.shape[2], window)  # what all layers share, once
-        if not self._whole_stack(h, meta, plan, k_cache, v_cache, cos, sin):
+        # RoPE angles in fp32 from explicit positions (tree / window tokens share positions): a
+        # table of every position where the step is planned on the CPU in fp32
+        table = self._rope_table(plan, h.dtype, meta.positions)
+        if not self._whole_stack(h, meta, plan, k_cache, v_cache, table):
+            if table is not None:
+                cos, sin = table[:, meta.positions.long()]
+            else:
+                cos, sin = rope_tables(meta.positions, self.inv_freq, h.dtype)
             for i, layer in enumerate(self.layers):
                 h = layer(h, cos, sin, meta, k_cache[i], v_cache[i], self.backend, window, plan)
         if logits_idx is not None:
@@ -211,6 +216,26 @@ class Transformer(nn.Module):
         eps = self.cfg.rms_norm_eps
         h = fused_rms_norm(h, self.norm, eps) if self.backend.fused_ops else rms_norm(h, self.norm, eps)
         return h if hidden else self.head(h)
+
+    def _rope_table(self, plan, dtype: torch.dtype, positions: torch.Tensor) -> Optional[torch.Tensor]:
+        """Where the torch backend planned the step on the CPU in fp32: (2, n, 1, D) cos and signed
+        sin of every position below n (at least the step's longest sequence), made by
+        ``rope_tables`` itself (a few hundred positions a call, grown by doubling) and kept; the
+        one-call stack reads each row's by its position, the per-op path indexes it. Making the
+        rows each step took some ten ops (0.07 ms of a one-token step). A position gets the same
+        angles in every step whatever the step's size, as it does from ``rope_tables`` where a
+        row's angles fill whole vectors. None elsewhere: ``rope_tables`` of the positions."""
+        if not (isinstance(plan, StepPlan) and plan.seqs and dtype == torch.float32 and positions.device.type == "cpu"):
+            return None
+        need = max(sp.length for sp in plan.seqs)  # every position of a sequence's step is below its length
+        tab = self.__dict__.get("_rope_cache")
+        if tab is None or tab[1].shape[1] < need or tab[0] != self.inv_freq.data_ptr():
+            have = 0 if tab is None or tab[0] != self.inv_freq.data_ptr() else tab[1].shape[1]
+            n = max(need, 2 * have, 256)
+            parts = [torch.stack(rope_tables(torch.arange(a, min(a + 256, n), dtype=torch.int32), self.inv_freq, dtype))
+                     for a in range(0, n, 256)]
+            tab = self.__dict__["_rope_cache"] = (self.inv_freq.data_ptr(), torch.cat(parts, 1))
+        return tab[1]
 
     def kv_cache_dtype(self) -> torch.dtype:
         """The dtype a runner's KV cache takes: ``kv_dtype`` where set; fp16 on a CPU where the
@@ -256,7 +281,7 @@ class Transformer(nn.Module):
             screen = self.__dict__["_head_screen"] = skinny.HeadScreen(w)
         return screen
 
-    def _whole_stack(self, h, meta: StepMeta, plan, k_cache, v_cache, cos, sin) -> bool:
+    def _whole_stack(self, h, meta: StepMeta, plan, k_cache, v_cache, table: Optional[torch.Tensor]) -> bool:
         """Every layer in one C call (kernels/cpu/skinny_layers.c: the same kernels in the same
         order as ``Block.forward``, bit for bit) when each piece of the step would go to the skinny
         CPU kernels anyway: fp32 on x86, the torch backend's plan with the C attention for every
@@ -264,9 +289,10 @@ class Transformer(nn.Module):
         Updates h in place;
         False: nothing was done, use the per-op path."""
         cfg = self.cfg
-        if not (isinstance(plan, StepPlan) and _skinny_ok(h)
+        if not (isinstance(plan, StepPlan) and table is not None and _skinny_ok(h)
                 and (k_cache.dtype == torch.float32 or (k_cache.dtype == torch.float16 and skinny.kv16_available()))
-                and k_cache.is_contiguous() and v_cache.is_contiguous() and cos.dtype == torch.float32
+                and k_cache.is_contiguous() and v_cache.is_contiguous()
+                and meta.positions.dtype == torch.int32 and meta.positions.is_contiguous()
                 and cfg.head_dim % 16 == 0 and cfg.num_heads // cfg.num_kv_heads <= skinny.MAX_GROUP):
             return False
         if any(sp.block_ids is None or sp.causal for sp in plan.seqs):
@@ -287,9 +313,10 @@ class Transformer(nn.Module):
         slots = meta.slot_mapping.to(torch.int64).contiguous()
         step = skinny.StepArgs(h.shape[0], cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                                cfg.intermediate_size, len(seqs), k_cache.shape[2], torch.get_num_threads(),
-                               cfg.rms_norm_eps, cfg.head_dim ** -0.5, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
-                               ctypes.addressof(seq_start), ctypes.addressof(seq_len), ctypes.addressof(blocks),
-                               ctypes.addressof(masks), int(k_cache.dtype == torch.float16))
+                               cfg.rms_norm_eps, cfg.head_dim ** -0.5, table[0].data_ptr(), table[1].data_ptr(),
+                               slots.data_ptr(), ctypes.addressof(seq_start), ctypes.addressof(seq_len),
+                               ctypes.addressof(blocks), ctypes.addressof(masks), int(k_cache.dtype == torch.float16),
+                               meta.positions.data_ptr())
         skinny.layers_unchecked(h, ptrs, len(self.layers), step)
         return True
 

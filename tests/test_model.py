@@ -59,3 +59,26 @@ def test_config_from_hf_rejects_unknown_architecture():
 def test_config_checks_heads():
     with pytest.raises(ValueError, match="num_kv_heads"):
         ModelConfig(vocab_size=10, hidden_size=64, intermediate_size=8, num_layers=1, num_heads=4, num_kv_heads=3)
+
+
+@pytest.mark.parametrize("head_dim", [16, 64, 128])
+def test_a_cpu_steps_rope_table_holds_rope_tables_rows(head_dim):
+    """On the CPU in fp32 a planned step's cos / sin come from a table of every position (grown
+    by doubling past the longest sequence, at least what it needs): bit for bit ``rope_tables``
+    at every position, across the table's growth; no table for a step the torch backend did not
+    plan. (The one-call stack reads the table by position: tests/test_kernel_skinny.py holds it
+    to the per-op path, which indexes it.)"""
+    from kernels.torch_plan import SeqPlan, StepPlan
+    from models import llama
+
+    model = ours_from_hf(tiny_hf_model("llama", seed=1, head_dim=head_dim)).model
+    for length, size in ((5, 256), (300, 512), (301, 512), (1500, 1500), (40, 1500)):
+        positions = torch.arange(length, dtype=torch.int32)
+        plan = StepPlan([SeqPlan(0, 1, length, torch.zeros(1, dtype=torch.int32), 1, None, False)],
+                        torch.zeros(1, dtype=torch.int64))
+        table = model._rope_table(plan, torch.float32, positions[:1])
+        assert table.shape == (2, size, 1, head_dim)
+        ref = llama.rope_tables(positions, model.inv_freq, torch.float32)
+        assert torch.equal(table[0, :length], ref[0]) and torch.equal(table[1, :length], ref[1])
+    assert model._rope_table(None, torch.float32, positions) is None
+    assert model._rope_table(plan, torch.bfloat16, positions) is None

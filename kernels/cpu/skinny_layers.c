@@ -46,13 +46,14 @@ typedef struct { /* one layer's weights and cache pools (pointers into torch ten
 typedef struct { /* the step: shared by every layer */
     int T, d, H, KV, D, I, n_seq, block_size, threads;
     float eps, scale;
-    const float *cos, *sin;      /* (T, D) */
+    const float *cos, *sin;      /* (T, D), or with positions tables (positions, D) read by position */
     const int64_t *slots;        /* (T,) cache row of each step row, -1 = not stored */
     const int32_t *seq_start;    /* (n_seq + 1,) rows of each sequence */
     const int64_t *seq_len;      /* (n_seq,) keys each sequence attends over */
     const int32_t *const *seq_blocks;  /* (n_seq,) its physical blocks */
     const uint8_t *const *seq_mask;    /* (n_seq,) (rows, keys) visibility or NULL */
     int kv_half;                       /* the caches hold fp16 */
+    const int32_t *positions;          /* (T,) each row's position in cos / sin, or NULL (rows of its own) */
 } skinny_step;
 
 /* Where a stack's time goes, for bench/model_speed.py: seconds summed per phase while
@@ -137,7 +138,19 @@ int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skin
     const int snt = s->threads < 1 ? 1 : s->threads > SIDE_MAXT ? SIDE_MAXT : s->threads;
     side_stream *sd = aligned_alloc(64, (sizeof(side_stream) + 63) / 64 * 64);
     int64_t *soff = malloc(sizeof(int64_t) * (size_t)(n_blocks + snt + 2));
-    int rc = (x && y && qkv && o && gu && act && sd && soff) ? 0 : -1;
+    /* each row's cos / sin gathered from the tables once for all layers (models/llama.py keeps a
+     * table of every position: no per-step op to make the rows) */
+    float *rope = s->positions ? malloc(sizeof(float) * (size_t)(2 * T * D)) : NULL;
+    const float *cos = s->cos, *sin = s->sin;
+    int rc = (x && y && qkv && o && gu && act && sd && soff && (rope || !s->positions)) ? 0 : -1;
+    if (rc == 0 && rope) {
+        for (int t = 0; t < T; t++) {
+            memcpy(rope + (int64_t)t * D, s->cos + (int64_t)s->positions[t] * D, sizeof(float) * (size_t)D);
+            memcpy(rope + (int64_t)(T + t) * D, s->sin + (int64_t)s->positions[t] * D, sizeof(float) * (size_t)D);
+        }
+        cos = rope;
+        sin = rope + (int64_t)T * D;
+    }
     if (rc == 0) {
         int64_t *first = soff + n_blocks, i = 0;
         const int64_t region = (int64_t)s->block_size * KV * D * (s->kv_half ? 2 : 4);
@@ -161,7 +174,7 @@ int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skin
         PHASE(P_QKV, rc = product(w->fmt[0], x, w->wqkv, w->bqkv, qkv, T, nq, d, s->threads));
         if (rc) break;
         PHASE(P_ROPE_KV, {
-            skinny_rope(qkv, s->cos, s->sin, T, nq, H + KV, D);
+            skinny_rope(qkv, cos, sin, T, nq, H + KV, D);
             for (int t = 0; t < T; t++) {
                 if (s->slots[t] < 0) continue;
                 const float *k = qkv + t * nq + (int64_t)H * D, *v = k + (int64_t)KV * D;
@@ -207,6 +220,7 @@ int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skin
         PHASE(P_ADD, add_into(h, y, (int64_t)T * d));
     }
     skinny_side = NULL;
+    free(rope);
     free(sd);
     free(soff);
     free(x);
