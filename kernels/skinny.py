@@ -607,7 +607,8 @@ class StepArgs(ctypes.Structure):
                 + [("eps", ctypes.c_float), ("scale", ctypes.c_float)]
                 + [(n, ctypes.c_void_p) for n in ("cos", "sin", "slots", "seq_start", "seq_len", "seq_blocks",
                                                   "seq_mask")]
-                + [("kv_half", ctypes.c_int), ("positions", ctypes.c_void_p)])
+                + [("kv_half", ctypes.c_int), ("positions", ctypes.c_void_p), ("final_norm", ctypes.c_void_p),
+                   ("out_rows", ctypes.c_void_p), ("n_out", ctypes.c_int64), ("out", ctypes.c_void_p)])
 
 
 def layers_unchecked(h: torch.Tensor, layers, n_layers: int, step: StepArgs) -> torch.Tensor:

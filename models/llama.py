@@ -204,18 +204,23 @@ class Transformer(nn.Module):
         # RoPE angles in fp32 from explicit positions (tree / window tokens share positions): a
         # table of every position where the step is planned on the CPU in fp32
         table = self._rope_table(plan, h.dtype, meta.positions)
-        if not self._whole_stack(h, meta, plan, k_cache, v_cache, table):
+        out = self._whole_stack(h, meta, plan, k_cache, v_cache, table, logits_idx)
+        if out is None:
             if table is not None:
                 cos, sin = table[:, meta.positions.long()]
             else:
                 cos, sin = rope_tables(meta.positions, self.inv_freq, h.dtype)
             for i, layer in enumerate(self.layers):
                 h = layer(h, cos, sin, meta, k_cache[i], v_cache[i], self.backend, window, plan)
+            out = self._final_norm(h, logits_idx)
+        return out if hidden else self.head(out)
+
+    def _final_norm(self, h: torch.Tensor, logits_idx: Optional[torch.Tensor]) -> torch.Tensor:
+        """The final norm of the rows ``logits_idx`` of h (None: every row)."""
         if logits_idx is not None:
             h = h[logits_idx]
         eps = self.cfg.rms_norm_eps
-        h = fused_rms_norm(h, self.norm, eps) if self.backend.fused_ops else rms_norm(h, self.norm, eps)
-        return h if hidden else self.head(h)
+        return fused_rms_norm(h, self.norm, eps) if self.backend.fused_ops else rms_norm(h, self.norm, eps)
 
     def _rope_table(self, plan, dtype: torch.dtype, positions: torch.Tensor) -> Optional[torch.Tensor]:
         """Where the torch backend planned the step on the CPU in fp32: (2, n, 1, D) cos and signed
@@ -281,27 +286,29 @@ class Transformer(nn.Module):
             screen = self.__dict__["_head_screen"] = skinny.HeadScreen(w)
         return screen
 
-    def _whole_stack(self, h, meta: StepMeta, plan, k_cache, v_cache, table: Optional[torch.Tensor]) -> bool:
+    def _whole_stack(self, h, meta: StepMeta, plan, k_cache, v_cache, table: Optional[torch.Tensor],
+                     logits_idx: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """Every layer in one C call (kernels/cpu/skinny_layers.c: the same kernels in the same
         order as ``Block.forward``, bit for bit) when each piece of the step would go to the skinny
         CPU kernels anyway: fp32 on x86, the torch backend's plan with the C attention for every
         sequence, every product planned ``skinny`` at this step's rows or quantized (one form).
-        Updates h in place;
-        False: nothing was done, use the per-op path."""
+        Updates h in place and returns the final norm's rows of ``logits_idx`` (None: every row),
+        normed in the same call where the norm's weight and the rows' index take it; None: nothing
+        was done, use the per-op path."""
         cfg = self.cfg
         if not (isinstance(plan, StepPlan) and table is not None and _skinny_ok(h)
                 and (k_cache.dtype == torch.float32 or (k_cache.dtype == torch.float16 and skinny.kv16_available()))
                 and k_cache.is_contiguous() and v_cache.is_contiguous()
                 and meta.positions.dtype == torch.int32 and meta.positions.is_contiguous()
                 and cfg.head_dim % 16 == 0 and cfg.num_heads // cfg.num_kv_heads <= skinny.MAX_GROUP):
-            return False
+            return None
         if any(sp.block_ids is None or sp.causal for sp in plan.seqs):
-            return False
+            return None
         b = bucket(h.shape[0])
         plain, tensors, fmts, checked = self._stack_parts()
         for lin in plain:
             if lin.quant is None and (lin.plan is None or lin.plan.table[b] != "skinny"):
-                return False
+                return None
         ptrs = self._layer_ptrs(tensors, fmts, checked, k_cache, v_cache)
         seqs = plan.seqs
         # the per-sequence arrays as ctypes arrays: a step's few numbers, no torch op (each costs
@@ -317,8 +324,16 @@ class Transformer(nn.Module):
                                slots.data_ptr(), ctypes.addressof(seq_start), ctypes.addressof(seq_len),
                                ctypes.addressof(blocks), ctypes.addressof(masks), int(k_cache.dtype == torch.float16),
                                meta.positions.data_ptr())
+        # the final norm in the same call (skinny_rms_norm, as ``rms_norm`` takes it), where it can
+        norm, out = self.norm, None
+        if (norm.dtype == torch.float32 and norm.is_contiguous() and not self.backend.fused_ops
+                and (logits_idx is None or (logits_idx.dtype == torch.int64 and logits_idx.is_contiguous()
+                                            and logits_idx.device.type == "cpu"))):
+            out = torch.empty(h.shape[0] if logits_idx is None else logits_idx.shape[0], cfg.hidden_size)
+            step.final_norm, step.n_out, step.out = norm.data_ptr(), out.shape[0], out.data_ptr()
+            step.out_rows = None if logits_idx is None else logits_idx.data_ptr()
         skinny.layers_unchecked(h, ptrs, len(self.layers), step)
-        return True
+        return out if out is not None else self._final_norm(h, logits_idx)
 
     def _stack_parts(self) -> tuple[list, list, list, list]:
         """Every layer's products without a quantized weight, the weights ``skinny.LayerPtrs`` takes

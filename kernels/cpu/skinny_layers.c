@@ -54,6 +54,12 @@ typedef struct { /* the step: shared by every layer */
     const uint8_t *const *seq_mask;    /* (n_seq,) (rows, keys) visibility or NULL */
     int kv_half;                       /* the caches hold fp16 */
     const int32_t *positions;          /* (T,) each row's position in cos / sin, or NULL (rows of its own) */
+    /* the final norm (its weight, or NULL: none) of the rows out_rows (n_out of them; NULL: every
+     * row) into out (n_out, d), after the last layer */
+    const float *final_norm;
+    const int64_t *out_rows;
+    int64_t n_out;
+    float *out;
 } skinny_step;
 
 /* Where a stack's time goes, for bench/model_speed.py: seconds summed per phase while
@@ -219,6 +225,9 @@ int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skin
         if (rc) break;
         PHASE(P_ADD, add_into(h, y, (int64_t)T * d));
     }
+    if (rc == 0 && s->final_norm) /* the rows the head needs, each normed as skinny_rms_norm of all rows would */
+        for (int64_t r = 0; r < s->n_out; r++)
+            skinny_rms_norm(h + (s->out_rows ? s->out_rows[r] : r) * d, s->final_norm, s->out + r * d, 1, d, s->eps);
     skinny_side = NULL;
     free(rope);
     free(sd);
