@@ -69,6 +69,18 @@ RUNS = [
      "task, one round (no --repeats: each speedup is one run's ratio, so read differences under about 10% "
      "as noise). The product-form table was re-tuned on the quiet machine just before (a table tuned under "
      "load had halved `ar`'s speed in an earlier run that day)."),
+    ("bench/results/2026-11-28-cpu-ranked-head/ab/now-1/results.json",
+     "One prompt per task, the default native weights, one round, after the work around a step's layers left "
+     "Python (the head ranks its own logits, the attention plan and RoPE without per-step torch ops, the final "
+     "norm in the layers' C call) and the lookahead window's update went to C; alternated twice with the "
+     "session's start code (ab/ beside it). Host 0.13 ms (`ar`) to 0.36 ms (`hybrid`) a step against 0.17-0.44 "
+     "before; `ar`'s forward 4.13 -> 3.84 ms. Every output identical to `ar`'s. Texts and token ids removed from "
+     "the JSON; the run directory's NOTES.md has the pieces alone."),
+    ("bench/results/2026-11-28-cpu-ranked-head/ab/b8-now/results.json",
+     "Batches of 8 prompts of one task (--batch-size 8 --limit 8), the default quantized path, one round, the same "
+     "code: 0.96-0.99x ar here, 1.01-1.04x in the round with the head's ranking alone (ab-head/); the host 0.29 "
+     "(ar) to 0.75 ms (hybrid) a step against 0.40-0.95 before. Every output identical to ar's. Texts and token "
+     "ids removed from the JSON."),
     ("bench/results/2026-11-27-cpu-host-glue/real/now-1/results.json",
      "One prompt per task, the default native weights, one round, after the compiled host path's glue moved into C "
      "(CPython extensions; run alternated with the session's start code and with the reference host path: real/ "
