@@ -4,6 +4,7 @@
 # then batch 1 (--limit 1) alternated twice.
 #   git worktree add /work/wt-s5 726ae86
 #   bash bench/results/2026-11-28-cpu-ranked-head/ab.sh OUTDIR
+# (ab/b8-before-2 and ab/b8-now-2: its two batch-8 commands again, run at the session's end)
 set -euo pipefail
 OUT=$(realpath -m "${1:-out/ab}")
 PY=${PY:-$PWD/.venv/bin/python}
