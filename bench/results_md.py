@@ -138,6 +138,11 @@ RUNS = [
      "round, run after the same command with fp32 K/V (b8-before/): every method 11-14% more tokens/s than there "
      "and at 1.00-1.02x ar (0.99-1.01 before). Every output identical to ar's. Texts and token ids removed from "
      "the JSON."),
+    ("bench/results/2026-11-28-cpu-ranked-head/qwen-pair/results.json",
+     "The Qwen2.5-Coder pair (1.5B target, 0.5B draft) both on the native path (the files' Q4_K products read "
+     "natively, the rest Q8_0, fp16 K/V), one prompt per task, one round, with transformers beside: draft+pld "
+     "10.3x and pld 11.9x transformers' assisted generation; a 0.5B draft token about 16 ms beside a 38 ms 1.5B "
+     "step. Every output of ours identical to ar's. Texts and token ids removed from the JSON."),
     ("bench/results/2026-11-27-cpu-q4k/qwen/now-2/results.json",
      "The Qwen2.5-Coder 1.5B with its file's Q4_K products read natively (q4_1f: fp32 sub-block scales, the file's "
      "weights bit for bit; products with a Q6_K part Q8_0 from fp32), one prompt per task, one round, alternated "
