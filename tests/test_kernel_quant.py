@@ -182,6 +182,12 @@ def test_a_head_ranks_its_logits_as_the_rows_kernels_do(fmt, threads, isa):
                     assert top1 == rows.argmax_rows(y), (n, m)
                 else:
                     assert (top1, topk) == rows.argmax_topk_rows(y, kk), (n, m, kk)
+    # more threads than the merge takes lists (256): the product runs on 256, the same answers
+    wide = tied(fmt, 20000, k, 4)
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(9))
+    y = quant.quant_linear(x, wide, threads=threads)
+    got = quant.quant_linear_topk(x, wide, 3, threads=300)
+    assert torch.equal(got[0], y) and got[1:] == rows.argmax_topk_rows(y, 3)
     with pytest.raises(ValueError, match=r"k must be an int in \[1, 5\], got 6"):
         quant.quant_linear_topk(torch.randn(1, k), tied(fmt, 5, k, 2), 6)
     with pytest.raises(ValueError, match=r"k must be an int in \[1, 64\], got True"):

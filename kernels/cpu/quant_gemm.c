@@ -349,6 +349,7 @@ static int64_t linear_topk(const float *x, int64_t x_stride, int fmt, const uint
     const int64_t C = q_tile_panels(M), panels = (N + PANEL - 1) / PANEL, tiles = (panels + C - 1) / C;
     int nt = threads > tiles ? (int)tiles : threads;
     if (nt < 1) nt = 1;
+    if (k > 0 && nt > 256) nt = 256; /* skinny_topk_merge takes at most 256 lists a row */
     /* the activations' quantization, then per thread and row a kept list: k values, k indices,
      * its length and whether the part held a NaN */
     const size_t qb = ((size_t)(M * K) + 63) & ~(size_t)63, sb = ((size_t)(M * nb) * 4 + 63) & ~(size_t)63;
@@ -389,7 +390,7 @@ static int64_t linear_topk(const float *x, int64_t x_stride, int fmt, const uint
         int fill[256];
         float *val = malloc(sizeof(float) * (size_t)nt * (size_t)k);
         int64_t *ix = malloc(sizeof(int64_t) * (size_t)nt * (size_t)k);
-        if (!val || !ix || nt > 256) {
+        if (!val || !ix) {
             free(val);
             free(ix);
             free(buf);
