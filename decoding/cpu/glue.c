@@ -59,6 +59,19 @@ static void flat_view(char *p, Flat *f) {
     f->candidate = (uint8_t *)(f->group + f->N);
 }
 
+/* an int32 from a Python int; 0 (no error set) where it is not one */
+static int as_i32(PyObject *v, int32_t *out) {
+    if (!PyLong_Check(v)) return 0;
+    int overflow = 0;
+    const long x = PyLong_AsLongAndOverflow(v, &overflow);
+    if (overflow || x < INT32_MIN || x > INT32_MAX || (x == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = (int32_t)x;
+    return 1;
+}
+
 /* n int32 values of a field into dst: from an array's buffer (itemsize 4, or 1 for candidate) or a
  * list's ints (candidate: truth values). 0 (no error set) where it is neither. */
 static int read_field(PyObject *o, Py_ssize_t n, int32_t *d32, uint8_t *d8) {
@@ -73,15 +86,8 @@ static int read_field(PyObject *o, Py_ssize_t n, int32_t *d32, uint8_t *d8) {
                     return 0;
                 }
                 d8[i] = (uint8_t)t;
-            } else {
-                if (!PyLong_Check(v)) return 0;
-                int overflow = 0;
-                const long x = PyLong_AsLongAndOverflow(v, &overflow);
-                if (overflow || x < INT32_MIN || x > INT32_MAX || (x == -1 && PyErr_Occurred())) {
-                    PyErr_Clear();
-                    return 0;
-                }
-                d32[i] = (int32_t)x;
+            } else if (!as_i32(v, d32 + i)) {
+                return 0;
             }
         }
         return 1;
@@ -447,19 +453,6 @@ done:
 
 typedef int (*add_all_fn)(void *pool, const int32_t *tokens, int len, int start);
 typedef int (*add_many_fn)(void *pool, const int32_t *ngrams, int count, int32_t origin);
-
-/* an int32 from a Python int; 0 (no error set) where it is not one */
-static int as_i32(PyObject *v, int32_t *out) {
-    if (!PyLong_Check(v)) return 0;
-    int overflow = 0;
-    const long x = PyLong_AsLongAndOverflow(v, &overflow);
-    if (overflow || x < INT32_MIN || x > INT32_MAX || (x == -1 && PyErr_Occurred())) {
-        PyErr_Clear();
-        return 0;
-    }
-    *out = (int32_t)x;
-    return 1;
-}
 
 /* window_update(add_all, add_many, pool, n, tokens, n_new, levels, real, tips, rows, top1, root, origin,
  *               from_output) -> (code, levels, real) or None: Lookahead.update on a compiled pool, the
