@@ -441,9 +441,11 @@ def visibility(words: torch.Tensor, context: int) -> Optional[torch.Tensor]:
     ``torch.ones`` with ``unpack_mask`` beside the context, in one C call (cpu/skinny_attention.c).
     None where the library is not built or the words are not contiguous int32 CPU rows (the
     caller unpacks them with torch)."""
+    if isinstance(context, bool) or not isinstance(context, int) or context < 0:
+        raise ValueError(f"context must be an int >= 0 (the committed keys before the step's), got {context!r}")
     lib = _lib or _load()
     if (lib is None or words.dim() != 2 or words.dtype != torch.int32 or words.device.type != "cpu"
-            or not words.is_contiguous() or context < 0):
+            or not words.is_contiguous()):
         return None
     t = words.shape[0]
     if t > 32 * words.shape[1]:

@@ -136,6 +136,10 @@ def test_a_trees_visibility_is_unpacked_as_the_mask_words_say():
         got = skinny.visibility(words, C)
         assert got.dtype == torch.bool and torch.equal(got, ref), (T, C)
     assert skinny.visibility(words.t(), 0) is None and skinny.visibility(words.long(), 0) is None
+    with pytest.raises(ValueError, match=r"context must be an int >= 0 .*got -1"):
+        skinny.visibility(words, -1)
+    with pytest.raises(ValueError, match=r"words must hold a bit per row: 40 rows need >= 2 words, got 1"):
+        skinny.visibility(torch.zeros(40, 1, dtype=torch.int32), 0)
     batch = make_batch(MIXED, 4, 2, 16, torch.float32, mode="masked", seed=5)
     with_c = plan_of(batch)
     real = skinny.visibility
