@@ -307,7 +307,7 @@ class Transformer(nn.Module):
         b = bucket(h.shape[0])
         plain, tensors, fmts, checked = self._stack_parts()
         for lin in plain:
-            if lin.quant is None and (lin.plan is None or lin.plan.table[b] != "skinny"):
+            if lin.plan is None or lin.plan.table[b] != "skinny":
                 return None
         ptrs = self._layer_ptrs(tensors, fmts, checked, k_cache, v_cache)
         seqs = plan.seqs

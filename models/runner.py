@@ -296,7 +296,9 @@ class ModelRunner:
         logits would give them."""
         h = self.forward(tokens, meta, idx, hidden=True)
         kk = max(1, min(k, self.cfg.vocab_size))
-        logits, top1, topk = quant.quant_linear_topk(h.contiguous(), self.model.head_quant, kk)
+        # the rows are this forward's (fp32, contiguous) and the head was checked when it was packed
+        logits, top1, topk = quant.topk_unchecked(skinny._require(), h.contiguous(), self.model.head_quant, kk,
+                                                  skinny._threads(None))
         return logits, top1, (topk if kk > 1 else None)
 
     def head_screen(self, k: int = 1) -> Optional[skinny.HeadScreen]:

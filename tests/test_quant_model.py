@@ -111,12 +111,12 @@ def test_tiny_greedy_lossless_on_the_quantized_path(tiny_q8, name):
 @pytest.mark.parametrize("k", [1, 3])
 def test_greedy_steps_take_their_answers_from_the_quantized_heads_call(tiny_q8, monkeypatch, k):
     """A greedy step of a model with a quantized head ranks the logits inside the head's own call
-    (``quant_linear_topk``, no pass over them after): every input's argmax and top-k as its
+    (``quant_linear_topk``'s kernel, no pass over them after): every input's argmax and top-k as its
     logits give them, empty inputs included, and the logits themselves; a step whose cost is
     emulated reduces them after the forward as before."""
     from models import runner as runner_mod
     calls = []
-    for mod, key in ((quant, "quant_linear_topk"), (runner_mod, "argmax_rows"), (runner_mod, "argmax_topk_rows")):
+    for mod, key in ((quant, "topk_unchecked"), (runner_mod, "argmax_rows"), (runner_mod, "argmax_topk_rows")):
         real = getattr(mod, key)
         monkeypatch.setattr(mod, key, lambda *a, _f=real, _k=key, **kw: (calls.append(_k), _f(*a, **kw))[1])
     runner = ModelRunner(tiny_q8, cache_tokens=256)
@@ -127,7 +127,7 @@ def test_greedy_steps_take_their_answers_from_the_quantized_heads_call(tiny_q8, 
     full = runner.step(step)
     calls.clear()
     got = runner.step_greedy(step, k=k)
-    assert calls == ["quant_linear_topk"]
+    assert calls == ["topk_unchecked"]
     for (lg, top1, topk), ref in zip(got, full):
         assert torch.equal(lg.tensor(), ref)
         assert top1 == ref.argmax(-1).tolist()
