@@ -136,6 +136,10 @@ class PlannerCore:
                                    cost.long_context - cost.context if self.has_slope else 0, None)
         self._cfg_args: Optional[PlanCfg] = None
         self._accs_of: dict[tuple, ctypes.Array] = {}
+        # the committed lengths the cost was last given: the planner's list (a step's max_depth and
+        # select share it) and its array
+        self._ctx_list: Optional[list] = None
+        self._ctx_buf: Optional[array] = None
         # the extension's glue, with the library's functions' addresses, or None: the Python glue below
         self._ext = glue()
         if self._ext is not None:
@@ -157,7 +161,9 @@ class PlannerCore:
             s.slope, s.slope_len = (_ptr(self.slope) if self.has_slope else None), len(self.slope)
         ctx, buf = planner.contexts, None
         if ctx is not None and len(ctx) == B:
-            buf = array("q", ctx)
+            if ctx is not self._ctx_list:  # a new step's list (the old one is held: a new list is another object)
+                self._ctx_list, self._ctx_buf = ctx, array("q", ctx)
+            buf = self._ctx_buf
             s.contexts = _ptr(buf)
         else:
             s.contexts = None

@@ -70,6 +70,17 @@ def _ptr(a: array) -> int:
     return a.buffer_info()[0]
 
 
+_ADDRESSES: dict[str, int] = {}
+
+
+def _address(name: str) -> int:
+    """The address of the library's function ``name``, for the C glue (decoding/cpu/glue.c)."""
+    at = _ADDRESSES.get(name)
+    if at is None:
+        at = _ADDRESSES[name] = ctypes.cast(getattr(LIBRARY.lib, name), ctypes.c_void_p).value
+    return at
+
+
 class _TreeArgs(ctypes.Structure):
     _fields_ = [(n, ctypes.c_void_p) for n in ("tokens", "parents", "depths", "sources", "group", "candidate",
                                                 "first_child", "next_sibling", "last_child")] + \
@@ -309,9 +320,20 @@ class CSuffixTrie:
         return list((ctypes.c_int32 * n).from_address(self._lib.suffix_active(self._t)))
 
     def extend(self, tokens) -> None:
-        if len(tokens):
-            buf = array("i", tokens)
-            _suffix_rc(self._extend(self._t, buf.buffer_info()[0], len(buf)), "extend")
+        self.extend_from(tokens, 0)
+
+    def extend_from(self, tokens, start: int) -> None:
+        """``extend(tokens[start:])``, a list's tail read where it is by the C glue (a step's few
+        new tokens), else copied into an array for the call."""
+        glue = compiled.glue()
+        rc = None if glue is None else glue.append_tail(_address("suffix_extend"), self._t, tokens, start)
+        if rc is None:
+            tail = tokens[start:] if start else tokens
+            if not len(tail):
+                return
+            buf = array("i", tail)
+            rc = self._extend(self._t, buf.buffer_info()[0], len(buf))
+        _suffix_rc(rc, "extend")
 
     def new_stream(self) -> None:
         _suffix_rc(self._lib.suffix_new_stream(self._t), "new_stream")
@@ -641,8 +663,17 @@ class CHistory:
         return self._len(self._h)
 
     def extend(self, tokens) -> None:
-        a = array("i", tokens)
-        _ok(self._append(self._h, _ptr(a), len(a)), "CHistory.extend")
+        self.extend_from(tokens, 0)
+
+    def extend_from(self, tokens, start: int) -> None:
+        """``extend(tokens[start:])``, a list's tail read where it is by the C glue (a step's few
+        new tokens), else copied into an array for the call."""
+        glue = compiled.glue()
+        rc = None if glue is None else glue.append_tail(_address("hist_append"), self._h, tokens, start)
+        if rc is None:
+            a = array("i", tokens[start:] if start else tokens)
+            rc = self._append(self._h, _ptr(a), len(a))
+        _ok(rc, "CHistory.extend")
 
     def sync(self, tokens) -> None:
         """Append what ``tokens`` holds beyond this history (which is its prefix)."""

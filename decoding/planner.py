@@ -357,7 +357,8 @@ class Planner:
         the rest of the batch sent one token each: the depth that maximises expected tokens
         per unit of time along the best chain (rank 0, the best source at each depth).
         ``contexts``: the sequences' committed lengths, for a cost that depends on them (they
-        hold for this step's ``select`` and ``observe_time`` too)."""
+        hold for this step's ``select`` and ``observe_time`` too; a new list each step: the
+        compiled cost keeps its copy of the last list it was given)."""
         self.contexts = contexts
         if self._core is not None and (out := self._core.max_depth(self, sids, sources)) is not None:
             return out

@@ -120,17 +120,19 @@ class HostHistories:
     host on every device."""
 
     def __init__(self):
-        self._of: "weakref.WeakKeyDictionary[SeqState, tuple]" = weakref.WeakKeyDictionary()
+        # state -> [history, tokens mirrored, the last of them], the list updated in place (a weak
+        # dictionary's assignment makes a weak reference each time)
+        self._of: "weakref.WeakKeyDictionary[SeqState, list]" = weakref.WeakKeyDictionary()
 
     def of(self, state: SeqState) -> "compiled_draft.CHistory":
         tokens = state.tokens
-        hist, n, last = self._of.get(state, (None, 0, None))
-        if hist is None or n > len(tokens) or (n and tokens[n - 1] != last):
-            hist, n = compiled_draft.CHistory(), 0  # not the list it was: mirror it again
+        entry = self._of.get(state)
+        if entry is None or entry[1] > len(tokens) or (entry[1] and tokens[entry[1] - 1] != entry[2]):
+            entry = self._of[state] = [compiled_draft.CHistory(), 0, None]  # not the list it was: mirror it again
+        hist, n = entry[0], entry[1]
         if n < len(tokens):
-            hist.extend(tokens[n:])
-            n = len(tokens)
-            self._of[state] = (hist, n, tokens[n - 1])
+            hist.extend_from(tokens, n)
+            entry[1], entry[2] = len(tokens), tokens[-1]
         return hist
 
 

@@ -72,6 +72,10 @@ class SuffixTrie:
     def __len__(self) -> int:
         return len(self.count)
 
+    def extend_from(self, tokens: list[int], start: int) -> None:
+        """``extend(tokens[start:])`` (the compiled twin reads the list's tail where it is)."""
+        self.extend(tokens[start:])
+
     def extend(self, tokens: list[int]) -> None:
         """Feed tokens to the current stream (a full trie takes no more)."""
         child, count, last, level, depth, text = self.child, self.count, self.last, self.level, self.depth, self.text
@@ -311,5 +315,5 @@ class Suffix(Proposer[SuffixState]):
 
 def sync(state: SuffixState) -> None:
     """Index what the sequence gained since the last call."""
-    state.trie.extend(state.tokens[state.indexed:])
+    state.trie.extend_from(state.tokens, state.indexed)
     state.indexed = len(state.tokens)

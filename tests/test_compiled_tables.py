@@ -379,3 +379,47 @@ def test_the_lookahead_window_updates_a_compiled_pool_as_the_reference(glue):
     finally:
         CNgramPool.window_update = real_update
         compiled.use_extension(before)
+
+
+@pytest.mark.parametrize("glue", [True, False], ids=["c-glue", "python-glue"])
+def test_extend_from_appends_a_lists_tail_as_extend_of_the_slice(glue):
+    """CHistory.extend_from / CSuffixTrie.extend_from (a step's new tokens, read from the
+    sequence's list in place by the C glue's append_tail) against extend of the slice and the
+    reference trie: the same tokens, searches and text, from lists short and long (the glue's
+    own buffer and a heap one), any other sequence taken by the Python glue, nothing appended
+    where an item is not a token."""
+    from decoding import compiled
+    from decoding.suffix import SuffixTrie
+
+    if glue and compiled.glue() is None:
+        pytest.skip(f"the C glue did not build: {compiled.EXT.reason}")
+    before = compiled.use_extension(glue)
+    try:
+        rng = random.Random(11)
+        for trial in range(60):
+            depth = rng.randrange(2, 6)
+            hist, by_slice = CHistory(), CHistory()
+            trie, ref = compiled_draft.CSuffixTrie(depth), SuffixTrie(depth)
+            tokens: list[int] = []
+            for step in range(rng.randrange(1, 6)):
+                start = len(tokens)
+                tokens += [rng.randrange(5) for _ in range(rng.choice([0, 1, 3, 70, 200]))]
+                seq = tokens if rng.random() < 0.8 else tuple(tokens)
+                hist.extend_from(seq, start)
+                by_slice.extend(tokens[start:])
+                trie.extend_from(seq, start)
+                ref.extend_from(tokens, start)
+                assert len(hist) == len(by_slice) == len(tokens)
+                for n in (1, 2, 3):
+                    assert hist.search(min_n=1, max_n=n, k=4, num_candidates=3) == \
+                        by_slice.search(min_n=1, max_n=n, k=4, num_candidates=3)
+                assert trie.text == ref.text == tokens and len(trie) == len(ref)
+        for bad in ([1, 2, "x"], [1, 2, 2 ** 40]):
+            hist, trie = CHistory([7]), compiled_draft.CSuffixTrie(3)
+            with pytest.raises((TypeError, OverflowError)):
+                hist.extend_from(bad, 1)
+            with pytest.raises((TypeError, OverflowError)):
+                trie.extend_from(bad, 1)
+            assert len(hist) == 1 and trie.text == []
+    finally:
+        compiled.use_extension(before)

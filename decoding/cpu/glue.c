@@ -13,6 +13,8 @@
  * - The lookahead window's update (decoding/lookahead.py, ``Lookahead.update``): the new tokens'
  *   n-grams and the closed columns into the compiled pool, the window slid one level
  *   (tests/test_compiled_draft.py).
+ * - A step's new tokens appended to a C history or suffix trie from the sequence's list
+ *   (decoding/compiled_draft.py, ``CHistory.extend_from``, ``CSuffixTrie.extend_from``).
  *
  * A function answers None where it does not take the call (a field that is not what it should
  * be, a node outside its tree): the Python glue then does, and says what is wrong. */
@@ -570,6 +572,40 @@ done:
     return result;
 }
 
+typedef int (*append_fn)(void *to, const int32_t *tokens, int n);
+
+/* append_tail(fn, to, tokens, start) -> fn's code, or None: fn(to, tokens[start:] as int32, n), the
+ * list's ints read in place (a history's hist_append, a suffix trie's suffix_extend: a step's few new
+ * tokens, where building an array and a ctypes call cost more than the append). None where tokens is
+ * not a list, start is outside it or an item is not an int32: the Python glue then does it and says
+ * what is wrong. */
+static PyObject *append_tail(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "append_tail takes 4 arguments");
+        return NULL;
+    }
+    append_fn fn = (append_fn)addr(args[0]);
+    void *to = addr(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *tokens = args[2];
+    int32_t start;
+    if (!PyList_CheckExact(tokens) || !as_i32(args[3], &start)) Py_RETURN_NONE;
+    const Py_ssize_t T = PyList_GET_SIZE(tokens);
+    if (start < 0 || start > T || T - start > INT32_MAX) Py_RETURN_NONE;
+    const Py_ssize_t n = T - start;
+    int32_t small[64], *buf = n <= 64 ? small : malloc(sizeof(int32_t) * (size_t)n);
+    if (!buf) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!as_i32(PyList_GET_ITEM(tokens, start + i), buf + i)) {
+            if (buf != small) free(buf);
+            Py_RETURN_NONE;
+        }
+    const int rc = fn(to, buf, (int)n);
+    if (buf != small) free(buf);
+    return PyLong_FromLong(rc);
+}
+
 static PyMethodDef methods[] = {
     {"learn", (PyCFunction)(void (*)(void))learn, METH_FASTCALL,
      "learn(fn, table, tokens, rows, path, top): recycle.learn_from into a compiled table; its code or None"},
@@ -580,6 +616,8 @@ static PyMethodDef methods[] = {
     {"window_update", (PyCFunction)(void (*)(void))window_update, METH_FASTCALL,
      "window_update(add_all, add_many, pool, n, tokens, n_new, levels, real, tips, rows, top1, root, origin, "
      "from_output): (code, levels, real) or None"},
+    {"append_tail", (PyCFunction)(void (*)(void))append_tail, METH_FASTCALL,
+     "append_tail(fn, to, tokens, start): fn(to, tokens[start:] as int32, n)'s code, or None"},
     {"max_depth", (PyCFunction)(void (*)(void))max_depth, METH_FASTCALL,
      "max_depth(fn, cfg, cost, accs, B, sources, calibration): depths or None"},
     {NULL, NULL, 0, NULL}};
