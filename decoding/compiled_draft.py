@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Optional
 
 from decoding import compiled
-from decoding.tree import HARVEST, PLD, POOL, RECYCLE, StepTree
+from decoding.tree import HARVEST, PLD, POOL, RECYCLE, SUFFIX, WINDOW, StepTree
 from kernels import cbuild
 
 CPU = Path(__file__).with_name("cpu")
-SOURCES = [CPU / "tree.c", CPU / "suffix.c", CPU / "tables.c"]
+SOURCES = [CPU / "tree.c", CPU / "suffix.c", CPU / "tables.c", CPU / "draft.c"]
 HEADERS = [CPU / "tree.h"]
 FLAGS = ["-O2", "-std=c11", "-shared", "-fPIC"]
 
@@ -50,6 +50,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tree_add_private.restype = i
     lib.tree_add_window.argtypes = [p, p, i, i, i, p]
     lib.tree_add_window.restype = i
+    lib.draft_lookahead.argtypes = [p, p, i, i, i, i, p, i, i, p, p]
+    lib.draft_lookahead.restype = i
     for declare in _DECLARE:
         declare(lib)
 
@@ -103,6 +105,7 @@ class TreeBuf:
         self.args = _TreeArgs(*(_ptr(a) for a in (self.tokens, self.parents, self.depths, self.sources,
                                                   self.group, self.candidate, *self._links)), 0, cap, 0)
         self.ref = ctypes.byref(self.args)
+        self.at = ctypes.addressof(self.args)  # for the C glue
 
     def ensure(self, cap: int) -> None:
         """Room for ``cap`` nodes (the tree is lost if the buffers grow)."""
@@ -125,6 +128,33 @@ class TreeBuf:
         check(LIBRARY.lib.tree_add_chain(self.ref, _ptr(a) if chain else None, len(a), source, max_nodes, None),
               "add_chain")
 
+    def draft(self, sources: "DraftSources", root: int, max_depth: int, cap: int, max_nodes: int,
+              levels: Optional[list[list[int]]]) -> Optional[list[int]]:
+        """One sequence's whole tree of a lookahead-family proposer in one call (draft.c's
+        ``draft_lookahead``): the tree of ``root`` with the parts ``sources`` holds, the window of
+        ``levels`` (None: none); returns the window's tips (None without a window). ``cap`` caps
+        the suffix, prompt-lookup and pool parts, ``max_nodes`` the recycled tree; the buffers
+        must hold the tree (``ensure``)."""
+        glue = compiled.glue()
+        done = None if glue is None else glue.draft(_address("draft_lookahead"), self.at, ctypes.addressof(sources),
+                                                    root, max_depth, cap, max_nodes, levels)
+        if done is None:
+            flat = tips = None
+            L = W = 0
+            if levels is not None:
+                L, W = len(levels), len(levels[0])
+                flat, tips = array("i", chain.from_iterable(levels)), array("i", bytes(4 * W))
+            stage = ctypes.c_int()
+            rc = LIBRARY.lib.draft_lookahead(self.ref, ctypes.byref(sources), root, max_depth, cap, max_nodes,
+                                             None if flat is None else _ptr(flat), L, W,
+                                             None if tips is None else _ptr(tips), ctypes.byref(stage))
+            done = rc, stage.value, None if tips is None else tips.tolist()
+        rc, stage, tips = done
+        if rc < 0:
+            what = _DRAFT_STAGES.get(stage, "draft_lookahead")
+            check(_suffix_rc(rc, what) if stage == 1 else _ok(rc, what), what)
+        return tips
+
     def add_window(self, levels: list[list[int]], source: int) -> list[int]:
         """The lookahead window (``tree_add_window``): each column's last node."""
         W = len(levels[0])
@@ -142,6 +172,58 @@ class TreeBuf:
                          [c == 1 for c in flat[4]], flat[3].tolist(), self._links[0][:n], self._links[1][:n])
         tree.flat = flat
         return tree
+
+
+# draft.c's parts, by the stage it names where one fails
+_DRAFT_STAGES = {1: "CSuffixTrie.grow", 2: "CHistory.add_to_tree", 3: "CNgramPool.add_chains", 4: "add_window",
+                 5: "CTable.grow"}
+
+
+class DraftSources(ctypes.Structure):
+    """A sequence's sources for ``TreeBuf.draft`` (draft.c's ``DraftSources``, the same layout):
+    the handles of its C objects (own suffix trie, prompt-lookup history, n-gram pool, recycled
+    table; None: not in the method) and their parameters. ``keep`` holds the objects whose
+    handles it holds (and the widths' array), so that none is freed while it is in use."""
+
+    _fields_ = [("own", ctypes.c_void_p), ("own_min_prob", ctypes.c_double), ("own_max_match", ctypes.c_int32),
+                ("hist", ctypes.c_void_p)] + \
+        [(n, ctypes.c_int32) for n in ("min_n", "max_n", "k", "num_candidates", "recent", "partial")] + \
+        [("pool", ctypes.c_void_p), ("guesses", ctypes.c_int32), ("table", ctypes.c_void_p),
+         ("widths", ctypes.c_void_p), ("n_widths", ctypes.c_int32)] + \
+        [(n, ctypes.c_int32) for n in ("suffix_source", "pld_source", "window_source", "recycle_source")]
+
+    def set_pool(self, pool: "CNgramPool", guesses: int) -> None:
+        self.pool, self.guesses = pool._h, guesses
+        self.keep["pool"] = pool
+
+    def set_history(self, hist: "CHistory", min_n: int, max_n: int, k: int, num_candidates: int = 1,
+                    prefer: str = "first", partial: bool = True) -> None:
+        """Prompt lookup's part: ``CHistory.add_to_tree``'s search arguments."""
+        recent = _PREFER.get(prefer)
+        if recent is None:
+            raise ValueError(f"prefer must be 'first' or 'recent', got {prefer!r}")
+        self.hist, self.min_n, self.max_n, self.k, self.num_candidates = hist._h, min_n, max_n, k, num_candidates
+        self.recent, self.partial = recent, bool(partial)
+        self.keep["hist"] = hist
+
+    def set_own(self, trie: "CSuffixTrie", max_match: int, min_prob: float) -> None:
+        """The sequence's own suffix continuations: ``own_match(max_match)``, grown with ``min_prob``."""
+        self.own, self.own_max_match, self.own_min_prob = trie._t, max_match, min_prob
+        self.keep["own"] = trie
+
+    def set_table(self, table: "CTable", widths: array) -> None:
+        """The recycled tree: ``CTable.grow(widths)`` (an int32 array, held)."""
+        self.table, self.widths, self.n_widths = table._h, _ptr(widths), len(widths)
+        self.keep["table"], self.keep["widths"] = table, widths
+
+
+def draft_sources() -> DraftSources:
+    """Sources of no part yet (the pool is set before a tree is drafted), with the source bits
+    of decoding/tree.py."""
+    s = DraftSources()
+    s.keep = {}
+    s.suffix_source, s.pld_source, s.window_source, s.recycle_source = SUFFIX, PLD, WINDOW, RECYCLE
+    return s
 
 
 class NodeChildren(Sequence):

@@ -10,6 +10,7 @@ shared store's continuations, the recycled tree. A later source that meets an ex
 adds its bit to it.
 """
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -71,6 +72,8 @@ class Hybrid(LookaheadPLD):
         if not compiled_with(self.store):
             self.buf = None  # the reference drafts
         self.shared_table: Table = new_table(self.buf is not None, self.top_k)
+        # the recycled tree's widths per step, planned or not (compiled_sources)
+        self._widths = {True: array("i", self.hcfg.planned_recycle_widths), False: array("i", self.hcfg.recycle.widths)}
 
     def init_state(self, base: SeqState) -> HybridState:
         la = super().init_state(base)
@@ -118,6 +121,18 @@ class Hybrid(LookaheadPLD):
         match = state.trie.own_match(h.suffix.max_match)
         if match is not None:
             state.trie.grow(self.buf, match, max_depth, max_nodes, h.suffix.min_prob, SUFFIX)
+
+    def compiled_sources(self, state: HybridState, budget: Budget):
+        if self.store is not None:  # the shared store's part is drafted call by call
+            return None
+        parts = super().compiled_sources(state, budget)
+        h = self.hcfg
+        if parts.keep.get("own") is not state.trie:
+            parts.set_own(state.trie, h.suffix.max_match, h.suffix.min_prob)
+        widths = self._widths[budget.planned]
+        if parts.keep.get("table") is not state.table or parts.keep.get("widths") is not widths:
+            parts.set_table(state.table, widths)
+        return parts
 
     def last_compiled(self, state: HybridState, budget: Budget) -> None:
         """The shared store's continuations and the recycled tree, after the window (as ``propose``)."""

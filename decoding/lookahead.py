@@ -22,7 +22,8 @@ from typing import Callable, Optional
 
 from decoding import compiled_draft, inputs
 from decoding.ngram_pool import NgramPool
-from decoding.prompt_lookup import DeviceHistories, HostHistories, PromptLookupConfig, add_lookups, lookup_states
+from decoding.prompt_lookup import (DeviceHistories, HostHistories, PromptLookupConfig, add_lookups, lookup_states,
+                                    match_args)
 from decoding.proposer import Budget, Context, Outcome, Proposer, SeqState
 from decoding.tree import HARVEST, PLD, POOL, WINDOW, StepTree
 
@@ -86,6 +87,18 @@ def slide(levels: list[list[int]], real: list[list[bool]], new: list[Optional[in
     return levels, real
 
 
+_HOOKS = ("first_compiled", "extra_compiled", "last_compiled")
+
+
+def _knows_hooks(cls: type) -> bool:
+    """Whether ``cls.compiled_sources`` comes from a class that has (or inherits) every hook ``cls``
+    drafts with: a subclass that overrides a hook but not compiled_sources is drafted call by call."""
+    def owner(name: str) -> type:
+        return next(c for c in cls.__mro__ if name in c.__dict__)
+    parts = owner("compiled_sources")
+    return all(issubclass(parts, owner(h)) for h in _HOOKS)
+
+
 @dataclass(eq=False, kw_only=True)
 class LookaheadState(SeqState):
     levels: list[list[int]]  # (N - 1, W) window tokens; levels[0][0] stands for the root
@@ -93,6 +106,8 @@ class LookaheadState(SeqState):
     pool: NgramPool
     rng: random.Random  # draws window tokens from the history
     tips: Optional[list[int]] = None  # the window's last node per column in the step just proposed
+    # its parts for one call of draft.c (compiled_draft.DraftSources, the compiled path), made on first use
+    draft: Optional[compiled_draft.DraftSources] = None
 
 
 class Lookahead(Proposer[LookaheadState]):
@@ -104,6 +119,9 @@ class Lookahead(Proposer[LookaheadState]):
         self.cfg = cfg or LookaheadConfig()
         # the compiled drafting's tree buffer, or None: the reference drafts
         self.buf = compiled_draft.TreeBuf() if compiled_draft.enabled() else None
+        # the compiled path drafts a sequence in one call (compiled_sources) unless a subclass grows
+        # its trees with hooks of its own (it is then drafted call by call, its hooks called)
+        self.one_call = self.buf is not None and _knows_hooks(type(self))
 
     def init_state(self, base: SeqState) -> LookaheadState:
         cfg = self.cfg
@@ -166,18 +184,34 @@ class Lookahead(Proposer[LookaheadState]):
         trees = []
         for s, b in zip(states, budgets):
             d, cap = b.max_depth, min(cfg.max_verify, b.max_nodes)
-            buf.start(s.root, b.max_nodes + 1 + W * (N - 1))
-            if d > 0:
-                self.first_compiled(s, d, cap)
-                self.extra_compiled(s, d, cap)
-                s.pool.add_chains(buf, s.root, cfg.guesses, d, cap)
-            s.tips = buf.add_window(s.levels, WINDOW) if s.committed + W + N - 3 < ctx.max_context else None
-            self.last_compiled(s, b)
+            window = s.committed + W + N - 3 < ctx.max_context
+            parts = self.compiled_sources(s, b) if self.one_call else None
+            if parts is not None:  # the same calls, in this order, in one call of the library
+                buf.ensure(b.max_nodes + 1 + W * (N - 1))
+                s.tips = buf.draft(parts, s.root, d, max(cap, 0), max(b.max_nodes, 0), s.levels if window else None)
+            else:
+                buf.start(s.root, b.max_nodes + 1 + W * (N - 1))
+                if d > 0:
+                    self.first_compiled(s, d, cap)
+                    self.extra_compiled(s, d, cap)
+                    s.pool.add_chains(buf, s.root, cfg.guesses, d, cap)
+                s.tips = buf.add_window(s.levels, WINDOW) if window else None
+                self.last_compiled(s, b)
             tree = buf.step_tree()
             if s.tips is not None:
                 tree.extra_logits.update(s.tips)
             trees.append(tree)
         return trees
+
+    def compiled_sources(self, state: LookaheadState, budget: Budget) -> Optional[compiled_draft.DraftSources]:
+        """The sequence's parts for drafting its tree in one call (``TreeBuf.draft``): what
+        first_compiled, extra_compiled, the pool and last_compiled add, here the pool; a subclass
+        adds its own (None: drafted call by call)."""
+        parts = state.draft
+        if parts is None:
+            parts = state.draft = compiled_draft.draft_sources()
+            parts.set_pool(state.pool, self.cfg.guesses)
+        return parts
 
     def first_compiled(self, state: LookaheadState, max_depth: int, max_nodes: int) -> None:
         """``grow_first`` on the compiled path (none here)."""
@@ -224,6 +258,13 @@ class LookaheadPLD(Lookahead):
 
     def extra_compiled(self, state, max_depth, max_nodes):
         add_lookups(self.buf, self.host.of(state), self.cfg.pld, max_depth, max_nodes)
+
+    def compiled_sources(self, state, budget):
+        parts = super().compiled_sources(state, budget)
+        hist = self.host.of(state)  # the history mirrors the tokens (a new one where the list is another)
+        if parts.keep.get("hist") is not hist:
+            parts.set_history(hist, **match_args(self.cfg.pld))
+        return parts
 
     def extra_chains(self, states, depth, ctx):
         todo = [i for i, d in enumerate(depth) if d > 0]

@@ -40,11 +40,11 @@ def lookup_candidates(backend, histories: list[list[int]], cfg: PromptLookupConf
                       device: torch.device | str = "cpu") -> list[list[list[int]]]:
     """Per history, its candidate continuations (best first) from one batched kernel call
     (the torch backend searches the lists on the host)."""
-    return backend.ngram_match_lists(histories, device, **_match_args(cfg))
+    return backend.ngram_match_lists(histories, device, **match_args(cfg))
 
 
-def _match_args(cfg: PromptLookupConfig) -> dict:
-    """The n-gram kernel's arguments for ``cfg``."""
+def match_args(cfg: PromptLookupConfig) -> dict:
+    """The n-gram search's arguments for ``cfg`` (the kernel's, a C history's)."""
     return dict(min_n=cfg.min_ngram, max_n=cfg.max_ngram, k=cfg.num_draft, num_candidates=cfg.num_candidates,
                 prefer=cfg.prefer, partial=cfg.partial)
 
@@ -101,13 +101,13 @@ def lookup_states(backend, states: list[SeqState], cfg: PromptLookupConfig, devi
     given, unless the histories are short enough in all (``HOST_SEARCH_TOKENS``) to search
     faster on the host."""
     if host is not None and compiled_draft.enabled():
-        return [host.of(s).search(**_match_args(cfg)) for s in states]
+        return [host.of(s).search(**match_args(cfg)) for s in states]
     if mirror is None or backend.searches_on_host:
         return lookup_candidates(backend, [s.tokens for s in states], cfg, device)
     if sum(len(s.tokens) for s in states) <= HOST_SEARCH_TOKENS:
-        return host_match_lists([s.tokens for s in states], **_match_args(cfg))
+        return host_match_lists([s.tokens for s in states], **match_args(cfg))
     tokens, cu = mirror.pack(states, device)
-    return backend.ngram_match_found(tokens, cu, **_match_args(cfg))
+    return backend.ngram_match_found(tokens, cu, **match_args(cfg))
 
 
 class HostHistories:
@@ -140,7 +140,7 @@ def add_lookups(buf: "compiled_draft.TreeBuf", hist: "compiled_draft.CHistory", 
                 max_depth: int, max_nodes: int) -> None:
     """The compiled ``add_chain`` of every continuation the history's search finds (in order,
     cut to ``max_depth``) into the tree ``buf`` holds."""
-    hist.add_to_tree(buf, max_depth=max_depth, max_nodes=max_nodes, source=PLD, **_match_args(cfg))
+    hist.add_to_tree(buf, max_depth=max_depth, max_nodes=max_nodes, source=PLD, **match_args(cfg))
 
 
 class PromptLookup(Proposer[SeqState]):

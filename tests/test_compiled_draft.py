@@ -10,6 +10,7 @@ accepted, rejected, merged and cut by budgets and by the planner.
 
 import random
 from dataclasses import fields
+from typing import Optional
 
 import pytest
 
@@ -61,11 +62,15 @@ def snapshot(tree: StepTree) -> tuple:
                  for f in fields(StepTree)) + (tuple(sorted(tree.extra_logits)),)
 
 
-def run(model, name: str, prompts, answers, on: bool, plan: bool, config=None, store=None, batch: int = 3):
-    """Every proposed tree (snapshots, in order) and the outputs of ``name`` on one path."""
+def run(model, name: str, prompts, answers, on: bool, plan: bool, config=None, store=None, batch: int = 3,
+        one_call: Optional[bool] = None):
+    """Every proposed tree (snapshots, in order) and the outputs of ``name`` on one path
+    (``one_call``: a lookahead-family proposer's drafting in one call or call by call)."""
     before = compiled.use_compiled(on)
     try:
         proposer = make_proposer(name, config=config, store=store)
+        if one_call is not None:
+            proposer.one_call = one_call
         assert (getattr(proposer, "buf", None) is not None) == on, "the path the switch names"
         log = []
         propose = proposer.propose
@@ -219,3 +224,60 @@ def test_host_histories_mirror_again_a_list_that_is_not_the_one_they_saw():
     s.tokens[:] = [4, 5, 4]  # another list under the same state: searched afresh
     hist = host.of(s)
     assert len(hist) == 3 and hist.search(min_n=1, max_n=2, k=2) == [[5, 4]]
+
+
+@pytest.mark.parametrize("glue", [True, False], ids=["c-glue", "python-glue"])
+@pytest.mark.parametrize("name", ["lookahead", "lookahead+pld", "hybrid"])
+def test_one_call_drafts_the_trees_of_the_calls_one_by_one(tiny, name, glue):
+    """Lookahead.propose_compiled drafting a sequence in one call (draft.c, through the C glue or
+    ctypes) against the same proposer composing its parts call by call: the same trees and
+    outputs, whole and planned, with the default configuration and a small one."""
+    if glue and compiled.glue() is None:
+        pytest.skip(f"the C glue did not build: {compiled.EXT.reason}")
+    small = {"lookahead": LookaheadConfig(window=3, ngram=3, guesses=2, max_verify=6),
+             "lookahead+pld": LookaheadConfig(window=4, ngram=2, guesses=3, max_verify=9),
+             "hybrid": HybridConfig(lookahead=LookaheadConfig(window=3, ngram=4, guesses=2, max_verify=8),
+                                    recycle=RecycleConfig(top_k=4, widths=(4, 1), shared=True),
+                                    suffix=SuffixConfig(depth=8, max_match=4, min_prob=0.1), max_nodes=12)}[name]
+    prompts, answers = texts(5, 4)
+    calls = {"draft": 0}
+    draft = compiled_draft.TreeBuf.draft
+
+    def counted(self, *a, **k):
+        calls["draft"] += 1
+        return draft(self, *a, **k)
+
+    before = compiled.use_extension(glue)
+    try:
+        compiled_draft.TreeBuf.draft = counted
+        for config in (None, small):
+            for plan in (False, True):
+                one = run(tiny, name, prompts, answers, True, plan, config=config, batch=2, one_call=True)
+                assert calls["draft"] > 0
+                calls["draft"] = 0
+                by_call = run(tiny, name, prompts, answers, True, plan, config=config, batch=2, one_call=False)
+                assert calls["draft"] == 0
+                assert one == by_call and one[1] == answers
+    finally:
+        compiled_draft.TreeBuf.draft = draft
+        compiled.use_extension(before)
+
+
+def test_a_subclass_with_a_hook_of_its_own_is_drafted_call_by_call(tiny):
+    """A subclass that grows its compiled trees with a hook of its own (not compiled_sources) is
+    drafted call by call, its hook called; the built-in classes draft in one call."""
+    from decoding.lookahead import LookaheadPLD
+
+    class Marked(LookaheadPLD):
+        seen = 0
+
+        def last_compiled(self, state, budget):
+            Marked.seen += 1
+
+    assert make_proposer("hybrid").one_call and make_proposer("lookahead").one_call
+    proposer = Marked()
+    assert not proposer.one_call
+    prompts, answers = texts(6, 2)
+    runner = OracleRunner(tiny, dict(enumerate(answers)), cache_tokens=4096, block_size=4)
+    out = generate(tiny, prompts, proposer, max_new_tokens=NEW_TOKENS, runner=runner, eos_token_ids=())
+    assert [list(p) + r.output_ids for p, r in zip(prompts, out)] == answers and Marked.seen > 0

@@ -13,6 +13,8 @@
  * - The lookahead window's update (decoding/lookahead.py, ``Lookahead.update``): the new tokens'
  *   n-grams and the closed columns into the compiled pool, the window slid one level
  *   (tests/test_compiled_draft.py).
+ * - A lookahead-family proposer's step tree for one sequence (decoding/lookahead.py,
+ *   ``Lookahead.propose_compiled``): the window's levels read from their lists, draft.c called.
  * - A step's new tokens appended to a C history or suffix trie from the sequence's list
  *   (decoding/compiled_draft.py, ``CHistory.extend_from``, ``CSuffixTrie.extend_from``).
  *
@@ -606,6 +608,69 @@ static PyObject *append_tail(PyObject *self, PyObject *const *args, Py_ssize_t n
     return PyLong_FromLong(rc);
 }
 
+typedef int (*draft_fn)(void *tree, const void *sources, int32_t root, int max_depth, int cap, int max_nodes,
+                        const int32_t *levels, int n_levels, int W, int32_t *tips, int *stage);
+
+/* draft(fn, tree, sources, root, max_depth, cap, max_nodes, levels) -> (code, stage, tips) or None: one
+ * sequence's step tree of a lookahead-family proposer (decoding/cpu/draft.c, draft_lookahead), the
+ * window's levels read from their lists (None: no window; tips None then). None where levels is
+ * not a list of equal lists of int32 (the Python glue then does it and says what is wrong). */
+static PyObject *draft(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "draft takes 8 arguments");
+        return NULL;
+    }
+    draft_fn fn = (draft_fn)addr(args[0]);
+    void *tree = addr(args[1]), *sources = addr(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    int32_t root, max_depth, cap, max_nodes;
+    if (!as_i32(args[3], &root) || !as_i32(args[4], &max_depth) || !as_i32(args[5], &cap) ||
+        !as_i32(args[6], &max_nodes))
+        Py_RETURN_NONE;
+    PyObject *levels = args[7];
+    Py_ssize_t L = 0, W = 0;
+    int32_t small[256], *lv = NULL, *tips = NULL;
+    if (levels != Py_None) {
+        if (!PyList_CheckExact(levels) || (L = PyList_GET_SIZE(levels)) < 1) Py_RETURN_NONE;
+        PyObject *first = PyList_GET_ITEM(levels, 0);
+        if (!PyList_CheckExact(first) || (W = PyList_GET_SIZE(first)) < 1 || L * W > 1 << 20) Py_RETURN_NONE;
+        lv = (L + 1) * W <= 256 ? small : malloc(sizeof(int32_t) * (size_t)((L + 1) * W));
+        if (!lv) return PyErr_NoMemory();
+        tips = lv + L * W;
+        for (Py_ssize_t j = 0; j < L; j++) {
+            PyObject *a = PyList_GET_ITEM(levels, j);
+            if (!PyList_CheckExact(a) || PyList_GET_SIZE(a) != W) goto none;
+            for (Py_ssize_t c = 0; c < W; c++)
+                if (!as_i32(PyList_GET_ITEM(a, c), lv + j * W + c)) goto none;
+        }
+    }
+    int stage = 0;
+    const int rc = fn(tree, sources, root, max_depth, cap, max_nodes, lv, (int)L, (int)W, tips, &stage);
+    PyObject *out = NULL;
+    if (rc >= 0 && tips) {
+        PyObject *t = PyList_New(W);
+        if (t) {
+            for (Py_ssize_t c = 0; c < W; c++) {
+                PyObject *v = PyLong_FromLong(tips[c]);
+                if (!v) {
+                    Py_CLEAR(t);
+                    break;
+                }
+                PyList_SET_ITEM(t, c, v);
+            }
+        }
+        if (t) out = Py_BuildValue("(iiN)", rc, stage, t);
+    } else {
+        out = Py_BuildValue("(iiO)", rc, stage, Py_None);
+    }
+    if (lv != small) free(lv);
+    return out;
+none:
+    if (lv != small) free(lv);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"learn", (PyCFunction)(void (*)(void))learn, METH_FASTCALL,
      "learn(fn, table, tokens, rows, path, top): recycle.learn_from into a compiled table; its code or None"},
@@ -618,6 +683,8 @@ static PyMethodDef methods[] = {
      "from_output): (code, levels, real) or None"},
     {"append_tail", (PyCFunction)(void (*)(void))append_tail, METH_FASTCALL,
      "append_tail(fn, to, tokens, start): fn(to, tokens[start:] as int32, n)'s code, or None"},
+    {"draft", (PyCFunction)(void (*)(void))draft, METH_FASTCALL,
+     "draft(fn, tree, sources, root, max_depth, cap, max_nodes, levels): (code, stage, tips) or None"},
     {"max_depth", (PyCFunction)(void (*)(void))max_depth, METH_FASTCALL,
      "max_depth(fn, cfg, cost, accs, B, sources, calibration): depths or None"},
     {NULL, NULL, 0, NULL}};
