@@ -1,7 +1,7 @@
 """A step's host work alone: every method's decoding replayed without the model's forward.
 
     python bench/host_step.py [--methods ar,pld,...] [--limit 1] [--batch-size 1] [--no-plan]
-                              [--step-cost FILE] [--repeats 3] [--out DIR]
+                              [--step-cost FILE] [--repeats 3] [--cold MB] [--out DIR]
 
 The forward is replaced by an oracle that knows each prompt's greedy answer (computed once
 with ``ar`` and the real forward, cached): a node whose path follows that answer gets its
@@ -15,13 +15,18 @@ committing the K/V (moved in the real cache), updating. It prints the step clock
 phases per step (``decoding.stats.StepClock``), fastest of ``--repeats`` interleaved rounds,
 so the host's drift reaches every method alike, and writes ``host_step.json`` with ``--out``.
 Without a forward each run takes seconds, so a change to the host path is measured in the
-same minute as the code before it.
+same minute as the code before it. In the real loop the forward streams the weights through the
+caches, and the host work after it finds its code and objects cold (several times slower per
+call than hot); ``--cold MB`` has the oracle read that many megabytes in each step's place of the
+forward (the default model's weights: about 100), so the host phases are timed as the real loop
+sees them.
 """
 
 import argparse
 import json
 import sys
 import time
+from typing import Optional
 from pathlib import Path
 
 import torch
@@ -49,9 +54,10 @@ class OracleRunner(ModelRunner):
     """A ``ModelRunner`` whose greedy steps pack and commit for real but take every row's
     argmax / top-k from ``answers`` (sequence id -> prompt + its greedy answer)."""
 
-    def __init__(self, model, answers: dict[int, list[int]], **kw):
+    def __init__(self, model, answers: dict[int, list[int]], flush: Optional[torch.Tensor] = None, **kw):
         super().__init__(model, **kw)
         self.answers = answers
+        self.flush = flush  # read in each step's place of the forward (--cold), or None
 
     def head_screen(self, k: int = 1):
         return None
@@ -74,6 +80,8 @@ class OracleRunner(ModelRunner):
         if mark is not None:
             mark("pack")
         out = [self._tops(inp, max(1, k)) for inp in inputs]
+        if self.flush is not None:
+            self.flush.sum()
         if mark is not None:
             mark("forward")
         return out
@@ -108,7 +116,7 @@ def answers_for(model, prompts: list[list[int]], max_new_tokens: int) -> list[li
 
 
 def run_method(model, name: str, batches: list[list[list[int]]], answers: list[list[int]], max_new_tokens: int,
-               cost, plan: bool) -> dict:
+               cost, plan: bool, flush: Optional[torch.Tensor] = None) -> dict:
     """One round of ``name`` over the batches under the oracle: host ms per step by phase,
     tau, and whether every output equals ``ar``'s."""
     from decoding import generate, make_proposer
@@ -119,7 +127,7 @@ def run_method(model, name: str, batches: list[list[list[int]]], answers: list[l
     t0 = time.perf_counter()
     for batch in batches:
         refs = answers[start:start + len(batch)]
-        runner = OracleRunner(model, dict(enumerate(refs)),
+        runner = OracleRunner(model, dict(enumerate(refs)), flush,
                               cache_tokens=16 * sum(-(-(len(p) + max_new_tokens + 256) // 16) for p in batch))
         planner = Planner(cost, PlannerConfig(learn_overhead=False)) if plan and name != "ar" else None
         out = generate(model, batch, make_proposer(name), max_new_tokens=max_new_tokens, planner=planner,
@@ -154,11 +162,16 @@ def parse_args(argv=None):
                    help="a JSON file of the prompts' greedy answers: read when it holds these prompts, else "
                         "computed (ar, the real forward) and written there, so that runs compared with each "
                         "other replay the same answers")
+    p.add_argument("--cold", type=int, default=0, metavar="MB",
+                   help="read this many megabytes in each step's place of the forward, leaving the caches as cold as "
+                        "a forward does (default 0: off)")
     p.add_argument("--out", default=None, help="also write host_step.json there")
     args = p.parse_args(argv)
     for name in ("limit", "batch_size", "max_new_tokens", "repeats"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.cold < 0:
+        p.error(f"--cold must be >= 0 (megabytes), got {args.cold}")
     args.paths = list(dict.fromkeys(x for x in args.paths.split(",") if x))
     bad = [x for x in args.paths if x not in ("compiled", "reference")]
     if bad or not args.paths:
@@ -194,6 +207,7 @@ def main(argv=None) -> dict:
             Path(args.answers).write_text(json.dumps(dict(prompts=prompts, max_new_tokens=args.max_new_tokens,
                                                           answers=answers)))
     batches = [prompts[i:i + args.batch_size] for i in range(0, len(prompts), args.batch_size)]
+    flush = torch.ones(args.cold * (1 << 18)) if args.cold else None
     best: dict[tuple[str, str], dict] = {}
     before = compiled.use_compiled(True)
     try:
@@ -201,7 +215,8 @@ def main(argv=None) -> dict:
             for m in methods:
                 for path in args.paths:
                     compiled.use_compiled(path == "compiled")
-                    r = run_method(loaded.model, m, batches, answers, args.max_new_tokens, cost, not args.no_plan)
+                    r = run_method(loaded.model, m, batches, answers, args.max_new_tokens, cost, not args.no_plan,
+                                   flush)
                     r["path"] = compiled.path()
                     if (m, path) not in best or r["host"] < best[m, path]["host"]:
                         best[m, path] = r
@@ -209,7 +224,8 @@ def main(argv=None) -> dict:
         compiled.use_compiled(before)
     phases = ("plan", "propose", "pack", "verify", "commit", "update")
     print(f"host ms per step (fastest of {args.repeats}), {len(prompts)} prompts, batch {args.batch_size}, "
-          f"{'whole trees' if args.no_plan else 'planned (pinned curve)'}, {torch.get_num_threads()} threads")
+          f"{'whole trees' if args.no_plan else 'planned (pinned curve)'}, {torch.get_num_threads()} threads, "
+          + (f"caches cold ({args.cold} MB read a step)" if args.cold else "caches hot"))
     print(f"| method | path | {' | '.join(phases)} | host | per seq | tau | = ar |")
     print("|---" * (len(phases) + 6) + "|")
     for (m, path), r in best.items():
