@@ -146,65 +146,90 @@ class PlannerCore:
             self._fn = {name: ctypes.cast(getattr(lib, f"planner_{name}"), ctypes.c_void_p).value
                         for name in ("select", "observe_batch", "max_depth")}
         self._flat_ext: Optional[tuple] = None  # the last select's trees and their flattened bytes (extension)
+        self._cost_at = ctypes.addressof(self._cost_args)
+        self._cfg_at = 0  # the config's address, once it is made (_prepare)
 
-    def _tables(self, total: int, per_seq: int, planner, B: int) -> tuple[PlanCost, Optional[array]]:
-        """The cost's tables holding ``total`` step tokens and ``per_seq`` for one sequence,
-        with the batch's committed lengths when the planner has them (the array, returned, must
-        outlive the call)."""
-        cost, s = self.cost, self._cost_args
+    # A call's Python costs microseconds per function it goes through when the step's forward
+    # has left the caches cold (an empty call about 2, a ctypes call 6: bench/results/
+    # 2026-11-28-cpu-one-call/NOTES.md), so each call below brings every structure up to date in
+    # one function (_prepare) rather than one helper per structure.
+    def _prepare(self, planner, sids: list[int], total: int = 0, per_seq: int = 0) -> list:
+        """The structures of a call for the batch ``sids``, brought up to date: the cost's tables
+        holding ``total`` step tokens and ``per_seq`` for one sequence, the batch's committed
+        lengths (the planner's, else none), the learnt host time, the sequences' estimates and
+        their streaks. Returns the estimates' entry: [array, its address, the streaks' version]."""
+        s = self._cost_args
         if len(self.curve) <= total or (self.has_slope and len(self.slope) <= per_seq):
+            cost = self.cost
             while len(self.curve) <= total:
                 self.curve.append(cost.curve(len(self.curve)))
             while self.has_slope and len(self.slope) <= per_seq:
                 self.slope.append(cost.attention_slope(len(self.slope)))
             s.curve, s.curve_len = _ptr(self.curve), len(self.curve)
             s.slope, s.slope_len = (_ptr(self.slope) if self.has_slope else None), len(self.slope)
-        ctx, buf = planner.contexts, None
-        if ctx is not None and len(ctx) == B:
+        ctx = planner.contexts
+        if ctx is not None and len(ctx) == len(sids):
             if ctx is not self._ctx_list:  # a new step's list (the old one is held: a new list is another object)
                 self._ctx_list, self._ctx_buf = ctx, array("q", ctx)
-            buf = self._ctx_buf
-            s.contexts = _ptr(buf)
+            s.contexts = self._ctx_buf.buffer_info()[0]
         else:
             s.contexts = None
-        return s, buf
-
-    def _cfg(self, planner) -> PlanCfg:
         c = self._cfg_args
         if c is None:
             k = planner.cfg
             c = self._cfg_args = PlanCfg(k.prior, k.prior_weight, k.explore, k.decay, k.min_gain, k.max_tokens,
                                          -1 if k.max_step_tokens is None else k.max_step_tokens, k.learn_overhead)
+            self._cfg_at = ctypes.addressof(c)
+        o = planner._ovh  # planner._mean_x, written out
         c.overhead_ms, c.overhead_per_token, c.mean_x = planner.overhead_ms, planner.overhead_per_token, \
-            planner._mean_x
-        return c
-
-    def _accs(self, planner, sids: list[int]):
+            o[1] / o[0] if o[0] > 0 else 0.0
         key = tuple(sids)
-        accs = self._accs_of.get(key)
-        if accs is None:
+        entry = self._accs_of.get(key)
+        if entry is None:
             if len(self._accs_of) > 64:  # batches shrink as sequences finish: a few shapes per call
                 self._accs_of.clear()
-            accs = self._accs_of[key] = (PlanAcc * max(1, len(sids)))()
+            accs = (PlanAcc * max(1, len(sids)))()
             sh = planner.shared
             for a, sid in zip(accs, sids):
                 acc = planner.acceptance(sid)
                 a.hits, a.trials = _ptr(acc.hits), _ptr(acc.trials)
                 a.shared_hits, a.shared_trials = _ptr(sh.hits), _ptr(sh.trials)
-        for a, sid in zip(accs, sids):
-            a.streak = planner.acceptance(sid).streak
-        return accs
+            entry = self._accs_of[key] = [accs, ctypes.addressof(accs), -1]
+        if entry[2] != planner.learned:  # a step was learnt from since: the streaks may have changed
+            seq_acc = planner.seq_acc
+            for a, sid in zip(entry[0], sids):
+                a.streak = seq_acc[sid].streak
+            entry[2] = planner.learned
+        return entry
+
+    def forward_ms(self, step_tokens: list[int], contexts: Optional[list[int]]) -> tuple[float, float]:
+        """The cost's ``(cost(step_tokens, contexts), cost([1] * len(step_tokens), contexts))``
+        from its tables (``StepCost.__call__``'s sums in its order; ``contexts`` None or of
+        another length: the measured context), for the planner's ``observe_time``."""
+        cost, B = self.cost, len(step_tokens)
+        total = sum(step_tokens)
+        if len(self.curve) <= total or (self.has_slope and len(self.slope) <= max(step_tokens)):
+            return cost(step_tokens, contexts), cost([1] * B, contexts)
+        extra = cost.per_seq_ms * max(0, B - 1)
+        ms, one = self.curve[total] + extra, self.curve[B] + extra
+        if contexts is not None and self.has_slope and len(contexts) == B:
+            base, span, slope = cost.context, cost.long_context - cost.context, self.slope
+            for t, c in zip(step_tokens, contexts):
+                ms += slope[t] * (c - base) / span
+            for c in contexts:
+                one += slope[1] * (c - base) / span
+        floor = 0.5 * cost.ms[0]
+        return max(ms, floor), max(one, floor)
 
     def max_depth(self, planner, sids: list[int], sources: int) -> Optional[list[int]]:
-        B = len(sids)
-        s, alive = self._tables(B + planner.cfg.max_tokens, planner.cfg.max_tokens, planner, B)  # noqa: F841
+        B, m = len(sids), planner.cfg.max_tokens
+        accs = self._prepare(planner, sids, B + m, m)
         if self._ext is not None:
-            return self._ext.max_depth(self._fn["max_depth"], ctypes.addressof(self._cfg(planner)),
-                                       ctypes.addressof(s), ctypes.addressof(self._accs(planner, sids)), B, sources,
+            return self._ext.max_depth(self._fn["max_depth"], self._cfg_at, self._cost_at, accs[1], B, sources,
                                        planner.calibration)
         out = array("i", bytes(4 * B))
-        rc = self.lib.planner_max_depth(ctypes.byref(self._cfg(planner)), ctypes.byref(s),
-                                        self._accs(planner, sids), B, sources, planner.calibration, _ptr(out))
+        rc = self.lib.planner_max_depth(self._cfg_at, self._cost_at, accs[0], B, sources, planner.calibration,
+                                        _ptr(out))
         if rc != 0:
             return None
         return out.tolist()
@@ -230,20 +255,22 @@ class PlannerCore:
                ) -> Optional[tuple[list[list[int]], list[float]]]:
         B = len(trees)
         self._flat = self._flat_ext = None
-        if self._ext is not None and not any(pinned) and not any(t.chance for t in trees):
-            s, alive = self._tables(sum(map(len, trees)) + B,  # noqa: F841
-                                    max(planner.cfg.max_tokens, max(len(t) for t in trees)) + 1, planner, B)
-            done = self._ext.select(self._fn["select"], ctypes.addressof(self._cfg(planner)), ctypes.addressof(s),
-                                    ctypes.addressof(self._accs(planner, sids)), trees, planner.calibration,
-                                    planner.window_rate)
+        plain, total, longest = self._ext is not None, B, planner.cfg.max_tokens
+        for t in trees:  # the sizes, and whether any tree has pinned nodes or a proposer's own chances
+            n = len(t)
+            total += n
+            longest = n if n > longest else longest
+            plain = plain and not t.pinned and not t.chance
+        accs = self._prepare(planner, sids, total, longest + 1)
+        if plain:
+            done = self._ext.select(self._fn["select"], self._cfg_at, self._cost_at, accs[1], trees,
+                                    planner.calibration, planner.window_rate)
             if done is not None:
                 self._flat_ext = (trees, done[2])
                 return done[0], done[1]
         flat = self._flat = self.flatten(trees)
         _, offsets, parents, depths, sources, group, candidate = flat
         N = offsets[-1]
-        s, alive = self._tables(N + B, max(planner.cfg.max_tokens, max(len(t) for t in trees)) + 1,  # noqa: F841
-                                planner, B)
         pin = chance = None
         if any(pinned):
             pin = array("b", bytes(N))
@@ -256,7 +283,7 @@ class PlannerCore:
                 for n, c in t.chance.items():
                     chance[o + n] = c
         kept, n_kept, expected = array("i", bytes(4 * N)), array("i", bytes(4 * B)), array("d", bytes(8 * B))
-        rc = self.lib.planner_select(ctypes.byref(self._cfg(planner)), ctypes.byref(s), self._accs(planner, sids), B,
+        rc = self.lib.planner_select(self._cfg_at, self._cost_at, accs[0], B,
                                      _ptr(offsets), _ptr(parents), _ptr(depths), _ptr(sources), _ptr(group),
                                      _ptr(candidate), None if pin is None else _ptr(pin),
                                      None if chance is None else _ptr(chance), planner.calibration,
@@ -280,7 +307,8 @@ class PlannerCore:
         a = PlanAcc(_ptr(acc.hits), _ptr(acc.trials), _ptr(planner.shared.hits), _ptr(planner.shared.trials),
                     acc.streak)
         credit, columns = ctypes.c_int(), ctypes.c_int()
-        rc = self.lib.planner_observe(ctypes.byref(self._cfg(planner)), ctypes.byref(a), n, _ptr(parents, o),
+        self._prepare(planner, [])
+        rc = self.lib.planner_observe(self._cfg_at, ctypes.byref(a), n, _ptr(parents, o),
                                       _ptr(depths, o), _ptr(sources, o), _ptr(group, o), _ptr(candidate, o),
                                       _ptr(rows), len(rows), _ptr(on_path), ctypes.byref(credit),
                                       ctypes.byref(columns))
@@ -293,11 +321,15 @@ class PlannerCore:
         """``observe`` of a whole step in one call, when its outcomes are of the trees the last
         ``select`` flattened, in that order (None otherwise: observe them one by one)."""
         fx = self._flat_ext
-        if fx is not None and len(fx[0]) == len(outcomes) and all(o.tree is t for o, t in zip(outcomes, fx[0])):
-            done = self._ext.observe_all(self._fn["observe_batch"], ctypes.addressof(self._cfg(planner)),
-                                         ctypes.addressof(self._accs(planner, sids)), fx[1], outcomes)
-            if done is not None:
-                return done
+        if fx is not None and len(fx[0]) == len(outcomes):
+            for o, t in zip(outcomes, fx[0]):
+                if o.tree is not t:
+                    break
+            else:
+                done = self._ext.observe_all(self._fn["observe_batch"], self._cfg_at, self._prepare(planner, sids)[1],
+                                             fx[1], outcomes)
+                if done is not None:
+                    return done
             self._flat = self.flatten(fx[0])
         flat = self._flat
         if flat is None or len(flat[0]) != len(outcomes) or any(o.tree is not t for o, t in zip(outcomes, flat[0])):
@@ -309,9 +341,9 @@ class PlannerCore:
                 on_path[o + node] = 1
             rows.extend(out.rows)
             row_offsets.append(len(rows))
-        accs = self._accs(planner, sids)
+        accs = self._prepare(planner, sids)[0]
         credit, columns = ctypes.c_int(), ctypes.c_int()
-        rc = self.lib.planner_observe_batch(ctypes.byref(self._cfg(planner)), accs, len(sids), _ptr(offsets),
+        rc = self.lib.planner_observe_batch(self._cfg_at, accs, len(sids), _ptr(offsets),
                                             _ptr(parents), _ptr(depths), _ptr(sources), _ptr(group), _ptr(candidate),
                                             _ptr(row_offsets), _ptr(rows) if rows else None, _ptr(on_path),
                                             ctypes.byref(credit), ctypes.byref(columns))

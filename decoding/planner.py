@@ -309,6 +309,7 @@ class Planner:
         self._cal = [0.0, 0.0]  # decayed sums over sequence steps: expected and accepted draft tokens
         self._sent_expect: dict[int, float] = {}  # per sequence: expected draft tokens of what it sent
         self._ovh = [0.0] * 5  # decayed sums: weight, x, y, xx, xy (x = step tokens, y = wall - forward)
+        self.learned = 0  # sequence steps learnt from (_learn_step): the compiled calls' cue to read the streaks again
         # for the benchmark: totals over the steps (seq_steps = sequences x steps)
         self.log = dict(steps=0, seq_steps=0, step_tokens=0, expected_tokens=0.0, new_tokens=0,
                         predicted_ms=0.0, measured_ms=0.0, one_token_ms=0.0)
@@ -409,8 +410,10 @@ class Planner:
             done = self._core.select(self, sids, trees, pinned)
             if done is not None:
                 chosen, expected = done
-                for sid, e in zip(sids, expected):
-                    self._log_expected(sid, e)
+                log, sent = self.log, self._sent_expect
+                for sid, e in zip(sids, expected):  # _log_expected, written out (a call costs: compiled.py)
+                    log["expected_tokens"] += e
+                    sent[sid] = e - 1.0
                 return chosen
         wrate = self.window_rate
         estimates = [node_estimates(tree, self.acceptance(sid)) for sid, tree in zip(sids, trees)]
@@ -490,12 +493,14 @@ class Planner:
             return
         self.window_credit += done[0]
         self.window_columns += done[1]
+        seq_acc = self.seq_acc
         for sid, outcome in zip(sids, outcomes):
-            self._learn_step(sid, self.acceptance(sid), outcome)
+            self._learn_step(sid, seq_acc[sid] if sid in seq_acc else self.acceptance(sid), outcome)
 
     def _learn_step(self, sid: int, acc: Acceptance, outcome: Outcome) -> None:
         """After a sequence's trials: its streak and the calibration of what its step promised."""
         acc.streak = outcome.accepted > 0
+        self.learned += 1
         expected = self._sent_expect.pop(sid, 0.0)
         if expected > 0:  # steps that sent drafts: what their estimates promised against what came
             self._cal[0] = CAL_DECAY * self._cal[0] + expected
@@ -516,7 +521,11 @@ class Planner:
         """The whole step took ``wall_ms`` (propose to update) and gained ``new_tokens``;
         ``model_ms`` of it the proposer spent running its own model (a draft model: it sizes
         and accounts for that itself, so it is not host overhead)."""
-        predicted = self._cost(step_tokens)
+        if self._core is not None:  # both costs from its tables, in one call
+            contexts = self.contexts if self.contexts is not None and len(self.contexts) == len(step_tokens) else None
+            predicted, one_token = self._core.forward_ms(step_tokens, contexts)
+        else:
+            predicted, one_token = self._cost(step_tokens), self._cost([1] * len(step_tokens))
         # host time = a + b x step tokens, fitted by decayed least squares (recent steps count most)
         x, y, o = float(sum(step_tokens)), wall_ms - model_ms - predicted, self._ovh
         for i, v in enumerate((1.0, x, y, x * x, x * y)):
@@ -532,4 +541,4 @@ class Planner:
         log["new_tokens"] += new_tokens
         log["predicted_ms"] += predicted + model_ms
         log["measured_ms"] += wall_ms
-        log["one_token_ms"] += self._cost([1] * len(step_tokens))
+        log["one_token_ms"] += one_token
