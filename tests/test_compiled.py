@@ -175,8 +175,25 @@ def test_host_step_replays_methods_on_both_paths_with_the_same_plans(smol, smol_
                 runs.append(run_method(model, m, [prompts], answers, 12, cost, plan=True))
             assert all(r["identical"] and r["steps"] > 0 for r in runs), m
             assert runs[0]["tau"] == runs[1]["tau"], m
+
+        class Flush:  # --cold's buffer: read once in each step's place of the forward
+            reads = 0
+
+            def sum(self):
+                Flush.reads += 1
+
+        cold = run_method(model, "pld", [prompts], answers, 12, cost, plan=True, flush=Flush())
+        assert cold["identical"] and Flush.reads == cold["steps"] > 0  # one batch step a forward
     finally:
         compiled.use_compiled(before)
+
+
+def test_host_step_refuses_a_negative_cold_buffer():
+    from bench.host_step import parse_args
+
+    assert parse_args(["--cold", "100"]).cold == 100
+    with pytest.raises(SystemExit):
+        parse_args(["--cold", "-1"])
 
 
 def test_without_a_compiler_the_reference_runs_with_one_warning(monkeypatch, tmp_path):
