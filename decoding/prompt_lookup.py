@@ -153,14 +153,22 @@ class PromptLookup(Proposer[SeqState]):
         # the compiled drafting: its tree buffer and the histories in C (None: the reference drafts)
         self.buf = compiled_draft.TreeBuf() if compiled_draft.enabled() else None
         self.host = HostHistories()
+        # the parts of a tree drafted in one call (TreeBuf.draft): prompt lookup's, each
+        # sequence's history set before its call
+        self.parts = None
+        if self.buf is not None:
+            self.parts = compiled_draft.draft_sources()
+            self.parts.set_history(compiled_draft.CHistory(), **match_args(self.cfg))
 
     def propose(self, states: list[SeqState], budgets: list[Budget], ctx: Context) -> list[StepTree]:
         if self.buf is not None:
-            buf, trees, bound = self.buf, [], self.cfg.num_candidates * self.cfg.num_draft
+            buf, parts, trees, bound = self.buf, self.parts, [], self.cfg.num_candidates * self.cfg.num_draft
             for s, b in zip(states, budgets):
-                buf.start(s.root, min(b.max_nodes, bound) + 1)
-                if b.max_depth > 0:
-                    add_lookups(buf, self.host.of(s), self.cfg, b.max_depth, b.max_nodes)
+                buf.ensure(min(b.max_nodes, bound) + 1)
+                if b.max_depth > 0:  # add_lookups in one call of the library
+                    hist = self.host.of(s)
+                    parts.hist, parts.keep["hist"] = hist._h, hist
+                buf.draft(parts, s.root, b.max_depth, max(b.max_nodes, 0), 0, None)
                 trees.append(buf.step_tree())
             return trees
         trees = [StepTree.root(s.root) for s in states]

@@ -265,6 +265,12 @@ class Suffix(Proposer[SuffixState]):
             self.sources = type(self).sources | STORE
         # the compiled drafting's tree buffer, or None: the reference drafts
         self.buf = compiled_draft.TreeBuf() if compiled_with(self.store) else None
+        # without a store, a tree drafted in one call (TreeBuf.draft): the sequence's own
+        # continuations, its trie set before its call
+        self.parts = None
+        if self.buf is not None and self.store is None:
+            self.parts = compiled_draft.draft_sources()
+            self.parts.set_own(new_trie(self.cfg.depth, compiled=True), self.cfg.max_match, self.cfg.min_prob)
 
     def init_state(self, base: SeqState) -> SuffixState:
         state = SuffixState(**base.seq_fields(), trie=new_trie(self.cfg.depth, compiled=self.buf is not None))
@@ -290,9 +296,15 @@ class Suffix(Proposer[SuffixState]):
 
     def _propose_compiled(self, states: list[SuffixState], budgets: list[Budget]) -> list[StepTree]:
         """``propose`` with the tries' compiled twins, the tree built in C."""
-        cfg, buf, trees = self.cfg, self.buf, []
+        cfg, buf, parts, trees = self.cfg, self.buf, self.parts, []
         for s, b in zip(states, budgets):
             cap = min(b.max_nodes, cfg.max_nodes)
+            if parts is not None:  # own_match and grow in one call of the library
+                buf.ensure(cap + 1)
+                parts.own, parts.keep["own"] = s.trie._t, s.trie
+                buf.draft(parts, s.root, b.max_depth, max(cap, 0), 0, None)
+                trees.append(buf.step_tree())
+                continue
             buf.start(s.root, cap + 1)
             if b.max_depth > 0:
                 match = s.trie.own_match(cfg.max_match)

@@ -1,6 +1,7 @@
-/* A lookahead-family proposer's whole step tree for one sequence in one call: what
+/* A proposer's whole step tree for one sequence in one call: what
  * decoding/lookahead.py's ``Lookahead.propose_compiled`` composes from one call per source, in
- * its order (decoding/hybrid.py adds the first and the last):
+ * its order (decoding/hybrid.py adds the first and the last; decoding/prompt_lookup.py's
+ * ``PromptLookup`` drafts with prompt lookup alone):
  *
  *     reset the tree to the root
  *     if max_depth > 0:
@@ -37,7 +38,7 @@ typedef struct {
     int32_t own_max_match;
     void *hist; /* its prompt-lookup history, or NULL */
     int32_t min_n, max_n, k, num_candidates, recent, partial;
-    void *pool; /* its n-gram pool (never NULL) */
+    void *pool; /* its n-gram pool, or NULL (prompt lookup alone) */
     int32_t guesses;
     void *table; /* its recycled table, or NULL */
     const int32_t *widths;
@@ -71,7 +72,7 @@ int draft_lookahead(Tree *t, const DraftSources *s, int32_t root, int max_depth,
             *stage = STAGE_PLD;
             return rc;
         }
-        if ((rc = pool_add_chains(s->pool, t, root, s->guesses, max_depth, cap)) < 0) {
+        if (s->pool && (rc = pool_add_chains(s->pool, t, root, s->guesses, max_depth, cap)) < 0) {
             *stage = STAGE_POOL;
             return rc;
         }
