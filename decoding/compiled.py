@@ -148,6 +148,7 @@ class PlannerCore:
         self._flat_ext: Optional[tuple] = None  # the last select's trees and their flattened bytes (extension)
         self._cost_at = ctypes.addressof(self._cost_args)
         self._cfg_at = 0  # the config's address, once it is made (_prepare)
+        self._ready: Optional[tuple] = None  # what the last _prepare made ready: (sids, contexts, version, entry)
 
     # A call's Python costs microseconds per function it goes through when the step's forward
     # has left the caches cold (an empty call about 2, a ctypes call 6: bench/results/
@@ -157,7 +158,13 @@ class PlannerCore:
         """The structures of a call for the batch ``sids``, brought up to date: the cost's tables
         holding ``total`` step tokens and ``per_seq`` for one sequence, the batch's committed
         lengths (the planner's, else none), the learnt host time, the sequences' estimates and
-        their streaks. Returns the estimates' entry: [array, its address, the streaks' version]."""
+        their streaks. Returns the estimates' entry: [array, its address, the streaks' version].
+        The calls of one step (max_depth, select, observe_all) find all of it as the first left
+        it, unless the tables must grow."""
+        ready = self._ready
+        if ready is not None and ready[1] is planner.contexts and ready[2] == planner.version and \
+                ready[0] == sids and len(self.curve) > total and (not self.has_slope or len(self.slope) > per_seq):
+            return ready[3]
         s = self._cost_args
         if len(self.curve) <= total or (self.has_slope and len(self.slope) <= per_seq):
             cost = self.cost
@@ -195,11 +202,12 @@ class PlannerCore:
                 a.hits, a.trials = _ptr(acc.hits), _ptr(acc.trials)
                 a.shared_hits, a.shared_trials = _ptr(sh.hits), _ptr(sh.trials)
             entry = self._accs_of[key] = [accs, ctypes.addressof(accs), -1]
-        if entry[2] != planner.learned:  # a step was learnt from since: the streaks may have changed
+        if entry[2] != planner.version:  # a step was learnt from since: the streaks may have changed
             seq_acc = planner.seq_acc
             for a, sid in zip(entry[0], sids):
                 a.streak = seq_acc[sid].streak
-            entry[2] = planner.learned
+            entry[2] = planner.version
+        self._ready = (list(sids), planner.contexts, planner.version, entry)
         return entry
 
     def forward_ms(self, step_tokens: list[int], contexts: Optional[list[int]]) -> tuple[float, float]:

@@ -309,7 +309,9 @@ class Planner:
         self._cal = [0.0, 0.0]  # decayed sums over sequence steps: expected and accepted draft tokens
         self._sent_expect: dict[int, float] = {}  # per sequence: expected draft tokens of what it sent
         self._ovh = [0.0] * 5  # decayed sums: weight, x, y, xx, xy (x = step tokens, y = wall - forward)
-        self.learned = 0  # sequence steps learnt from (_learn_step): the compiled calls' cue to read the streaks again
+        # bumped by whatever changes what the compiled calls read besides the estimates' arrays (a
+        # sequence's streak, the learnt host time): their cue to bring their structures up to date
+        self.version = 0
         # for the benchmark: totals over the steps (seq_steps = sequences x steps)
         self.log = dict(steps=0, seq_steps=0, step_tokens=0, expected_tokens=0.0, new_tokens=0,
                         predicted_ms=0.0, measured_ms=0.0, one_token_ms=0.0)
@@ -500,7 +502,7 @@ class Planner:
     def _learn_step(self, sid: int, acc: Acceptance, outcome: Outcome) -> None:
         """After a sequence's trials: its streak and the calibration of what its step promised."""
         acc.streak = outcome.accepted > 0
-        self.learned += 1
+        self.version += 1
         expected = self._sent_expect.pop(sid, 0.0)
         if expected > 0:  # steps that sent drafts: what their estimates promised against what came
             self._cal[0] = CAL_DECAY * self._cal[0] + expected
@@ -534,6 +536,7 @@ class Planner:
         var = o[3] / o[0] - mx * mx
         self.overhead_per_token = max(0.0, (o[4] / o[0] - mx * my) / var) if var > 1.0 else 0.0
         self.overhead_ms = max(0.0, my)
+        self.version += 1
         log = self.log
         log["steps"] += 1
         log["seq_steps"] += len(step_tokens)

@@ -145,6 +145,32 @@ def test_random_steps_plan_select_and_learn_the_same(seed, glue):
         same_state(ref, fast, keys)
 
 
+@pytest.mark.parametrize("contexts", [False, True], ids=["no-contexts", "contexts"])
+def test_one_sequence_step_after_step_plans_with_what_the_last_step_taught(contexts):
+    """The same sequence step after step (the compiled calls find their structures as the step
+    before left them): each plan sees the streak and host time the last step learnt, as the
+    reference's does."""
+    rng = random.Random(9)
+    ref, fast = pair(COST, PlannerConfig(learn_overhead=True, window_rate=0.3))
+    keys = all_keys()
+    for step in range(40):
+        ctx = [200 + 7 * step] if contexts else None
+        depth = ref.max_depth([3], PLD | SUFFIX | RECYCLE, ctx)
+        assert fast.max_depth([3], PLD | SUFFIX | RECYCLE, None if ctx is None else list(ctx)) == depth
+        tree = random_tree(rng)
+        keep = ref.select([3], [tree])
+        assert fast.select([3], [tree]) == keep
+        out = outcome_of(rng, tree, keep[0])
+        if step % 3:  # else a step whose outcome is not learnt from: its host time alone changes
+            ref.observe_all([3], [out])
+            fast.observe_all([3], [out])
+        wall = rng.uniform(15, 60)
+        for plan in (ref, fast):
+            plan.observe_time([len(keep[0])], wall, 1 + out.accepted)
+        same_state(ref, fast, keys)
+        assert (ref.overhead_ms, ref.overhead_per_token) == (fast.overhead_ms, fast.overhead_per_token)
+
+
 def test_switch_and_path():
     before = compiled.use_compiled(False)
     try:
