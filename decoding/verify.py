@@ -29,11 +29,20 @@ def verify(tree: StepTree, logits: torch.Tensor, rows: dict[int, int], sampling:
     """The one entry for one-hot drafts: ``logits`` (R, V) with ``rows[node]`` its row, for
     every candidate node that was sent; ``top1``: the argmax of every row when the caller has
     it (greedy). Returns (accepted path, root first; bonus token)."""
-    nodes = [n for n in rows if tree.candidate[n]]
     if sampling.greedy:  # argmax of every row (no gathered copy of the rows), then picked
         if top1 is None:
             top1 = argmax_rows(logits_tensor(logits))
-        return verify_greedy(tree, {n: top1[rows[n]] for n in nodes})
+        # verify_greedy along the path alone: only its nodes' argmaxes are read (each a sent
+        # candidate, so a row), and a step's calls cost microseconds each (decoding/compiled.py)
+        children, node, path = tree.children, 0, [0]
+        while True:
+            token = top1[rows[node]]
+            child = children[node].get(token)
+            if child is None:
+                return path, token
+            path.append(child)
+            node = child
+    nodes = [n for n in rows if tree.candidate[n]]
     probs = probs_from_logits(logits_tensor(logits)[[rows[n] for n in nodes]], sampling)
     return verify_sampling(tree, dict(zip(nodes, probs)), generator)
 

@@ -164,3 +164,32 @@ def test_draft_model_rule(scripted):
     s = scripted([0.5])  # reject: residual max(p - q, 0) = [0, .1, .1] / .2
     assert verify_draft_model([0, 0], p, q, None)[0] == 0
     assert torch.allclose(s.drawn_from, torch.tensor([0.0, 0.5, 0.5]))
+
+
+def test_verify_greedy_walk_equals_verify_greedy_on_random_trees():
+    """decoding.verify.verify's greedy branch (which walks the accepted path reading its rows'
+    argmaxes alone) against verify_greedy of every candidate's argmax: random trees, rows in
+    any order, top-1 tokens that follow the tree often."""
+    import random
+
+    from decoding.sampling import SamplingParams
+    from decoding.verify import verify
+
+    rng = random.Random(3)
+    greedy = SamplingParams()
+    for _ in range(300):
+        t = StepTree.root(rng.randrange(5))
+        for _ in range(rng.randrange(0, 6)):
+            t.add_chain([rng.randrange(4) for _ in range(rng.randrange(1, 5))], PLD)
+        if rng.random() < 0.3:
+            private = t.add_private_chain(0, [rng.randrange(4)], WINDOW, group=0)
+            if rng.random() < 0.5:
+                t.extra_logits.update(private)
+        nodes = t.logit_nodes()
+        assert nodes == [i for i in range(len(t)) if t.candidate[i] or i in t.extra_logits]
+        order = list(range(len(nodes)))
+        rng.shuffle(order)
+        rows = dict(zip(nodes, order))
+        top1 = [rng.randrange(4) for _ in nodes]
+        expect = verify_greedy(t, {n: top1[rows[n]] for n in nodes if t.candidate[n]})
+        assert verify(t, None, rows, greedy, None, top1) == expect
