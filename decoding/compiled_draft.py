@@ -95,6 +95,9 @@ class TreeBuf:
 
     def __init__(self, cap: int = 256):
         self._alloc(cap)
+        # the C glue (None: ctypes), chosen when the object is made as the planner's is: a step's
+        # calls cost microseconds each when the forward left the caches cold (decoding/compiled.py)
+        self._glue, self._draft_at = compiled.glue(), _address("draft_lookahead") if LIBRARY.get() else 0
 
     def _alloc(self, cap: int) -> None:
         self.cap = cap
@@ -135,8 +138,8 @@ class TreeBuf:
         ``levels`` (None: none); returns the window's tips (None without a window). ``cap`` caps
         the suffix, prompt-lookup and pool parts, ``max_nodes`` the recycled tree; the buffers
         must hold the tree (``ensure``)."""
-        glue = compiled.glue()
-        done = None if glue is None else glue.draft(_address("draft_lookahead"), self.at, ctypes.addressof(sources),
+        glue = self._glue
+        done = None if glue is None else glue.draft(self._draft_at, self.at, ctypes.addressof(sources),
                                                     root, max_depth, cap, max_nodes, levels)
         if done is None:
             flat = tips = None
@@ -378,6 +381,7 @@ class CSuffixTrie:
         # the calls, bound once (a step makes a few per sequence)
         self._extend, self._find, self._store_match = lib.suffix_extend, lib.suffix_find, lib.suffix_store_match
         self._own_match, self._conts, self._grow = lib.suffix_own_match, lib.suffix_continuations, lib.suffix_grow
+        self._glue, self._extend_at = compiled.glue(), _address("suffix_extend")  # as TreeBuf's
 
     def __del__(self):
         t, self._t = getattr(self, "_t", None), None
@@ -407,8 +411,8 @@ class CSuffixTrie:
     def extend_from(self, tokens, start: int) -> None:
         """``extend(tokens[start:])``, a list's tail read where it is by the C glue (a step's few
         new tokens), else copied into an array for the call."""
-        glue = compiled.glue()
-        rc = None if glue is None else glue.append_tail(_address("suffix_extend"), self._t, tokens, start)
+        glue = self._glue
+        rc = None if glue is None else glue.append_tail(self._extend_at, self._t, tokens, start)
         if rc is None:
             tail = tokens[start:] if start else tokens
             if not len(tail):
@@ -538,6 +542,7 @@ class CNgramPool:
         self._add_many = lib.pool_add_many
         self._items, self._chains, self._total = lib.pool_items, lib.pool_add_chains, lib.pool_total
         self._at = tuple(ctypes.cast(f, ctypes.c_void_p).value for f in (lib.pool_add_all, lib.pool_add_many))
+        self._glue = compiled.glue()  # as TreeBuf's
 
     def __del__(self):
         if getattr(self, "_h", None):
@@ -570,7 +575,7 @@ class CNgramPool:
         tip's prediction ``top1[rows[tip]]``) with origin HARVEST; returns the slid window
         (levels, real), or None where the glue is not built or does not take the call (the pool
         unchanged: the caller runs the Python glue)."""
-        glue = compiled.glue()
+        glue = self._glue
         if glue is None:
             return None
         done = glue.window_update(self._at[0], self._at[1], self._h, self.n, tokens, n_new, levels, real, tips, rows,
@@ -623,6 +628,7 @@ class CTable:
         self._free = lib.table_free
         self._seed, self._merge, self._refresh = lib.table_seed, lib.table_merge_into, lib.table_refresh
         self._refresh_at = ctypes.cast(lib.table_refresh, ctypes.c_void_p).value  # for the C glue
+        self._glue = compiled.glue()  # as TreeBuf's
         self._get, self._entry, self._len, self._grow = lib.table_get, lib.table_entry, lib.table_len, lib.table_grow
 
     def __del__(self):
@@ -655,7 +661,7 @@ class CTable:
         """recycle.learn_from's refresh in one call of the C glue (decoding/cpu/glue.c): the rows'
         nodes in increasing order, those off ``path`` first, ``table[tokens[n]] = top[rows[n]]``;
         False where the glue is not built or does not take it (the caller then refreshes)."""
-        glue = compiled.glue()
+        glue = self._glue
         if glue is None:
             return False
         rc = glue.learn(self._refresh_at, self._h, tokens, rows, path, top)
@@ -732,6 +738,7 @@ class CHistory:
         self._free, self._append, self._truncate, self._len = lib.hist_free, lib.hist_append, lib.hist_truncate, \
             lib.hist_len
         self._search, self._add = lib.hist_search, lib.hist_add_to_tree
+        self._glue, self._append_at = compiled.glue(), _address("hist_append")  # as TreeBuf's
         self._out: dict[tuple[int, int], tuple] = {}  # (num_candidates, k) -> search's buffers, their pointers
         if len(tokens):
             self.extend(tokens)
@@ -750,8 +757,8 @@ class CHistory:
     def extend_from(self, tokens, start: int) -> None:
         """``extend(tokens[start:])``, a list's tail read where it is by the C glue (a step's few
         new tokens), else copied into an array for the call."""
-        glue = compiled.glue()
-        rc = None if glue is None else glue.append_tail(_address("hist_append"), self._h, tokens, start)
+        glue = self._glue
+        rc = None if glue is None else glue.append_tail(self._append_at, self._h, tokens, start)
         if rc is None:
             a = array("i", tokens[start:] if start else tokens)
             rc = self._append(self._h, _ptr(a), len(a))
