@@ -122,14 +122,15 @@ def generate(
         while active := batch.retire_finished():
             t0 = time.perf_counter()
             outcomes = decode_step(runner, proposer, active, ctx, eos, planner, step_clock)
+            gained = sum(len(o.new_tokens) for o in outcomes)
             if planner is not None:
-                planner.observe_time([o.sent for o in outcomes], (time.perf_counter() - t0) * 1e3,
-                                     sum(len(o.new_tokens) for o in outcomes), model_ms=proposer.model_ms)
+                planner.observe_time([o.sent for o in outcomes], (time.perf_counter() - t0) * 1e3, gained,
+                                     model_ms=proposer.model_ms)
             for s, o in zip(active, outcomes):
                 s.stats.record(o)
             if on_tokens is not None:
                 _notify(on_tokens, active, [o.new_tokens for o in outcomes])
-            bar.update(sum(len(o.new_tokens) for o in outcomes))
+            bar.update(gained)
             if step_clock is not None:
                 step_clock.mark("update")
         bar.close()

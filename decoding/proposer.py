@@ -206,16 +206,14 @@ class Sequence:
 
     def append(self, tokens: list[int], eos: set[int]) -> list[int]:
         """Append until EOS (kept) or max_new_tokens; returns what was appended."""
-        added = []
-        for t in tokens:
-            if self.remaining <= 0:
-                break
-            self.state.tokens.append(t)
+        added, room, seq = [], self.remaining, self.state.tokens
+        for t in tokens[:max(room, 0)]:
+            seq.append(t)
             added.append(t)
             if t in eos:
                 self.finish = "eos"
                 break
-        if self.finish is None and self.remaining <= 0:
+        if self.finish is None and room - len(added) <= 0:
             self.finish = "length"
         return added
 

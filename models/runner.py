@@ -9,6 +9,7 @@ After verification ``commit`` keeps the accepted tokens' K/V and drops the rest.
 import functools
 from array import array
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Callable, Optional
 
 import torch
@@ -369,9 +370,11 @@ class ModelRunner:
         return self._prepare_ref(inputs)
 
     def _check_ids(self, inputs: list[StepInput]) -> None:
+        blocks = self.cache.blocks
         for inp in inputs:
-            self.cache.check(inp.seq_id)
-        if len({inp.seq_id for inp in inputs}) != len(inputs):
+            if inp.seq_id not in blocks:
+                self.cache.check(inp.seq_id)  # raises, naming it
+        if len(inputs) > 1 and len(set(map(attrgetter("seq_id"), inputs))) != len(inputs):
             raise ValueError("a sequence may appear only once in a step")
 
     def _prepare_ref(self, inputs: list[StepInput]) -> tuple[torch.Tensor, StepMeta, Optional[torch.Tensor]]:
