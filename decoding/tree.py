@@ -8,7 +8,6 @@ of a step stay blind to each other while sharing one mask rule.
 """
 
 from dataclasses import dataclass, field
-from itertools import compress, repeat
 from operator import itemgetter
 
 import torch
@@ -101,33 +100,27 @@ class StepTree:
     def subtree(self, keep: list[int]) -> tuple["StepTree", list[int]]:
         """The tree of the nodes ``keep`` (increasing, 0 first, every kept node's parent kept),
         and for each of its nodes the node of this tree it came from."""
-        # built with builtins (dict, map, itemgetter) rather than comprehensions: each of those is
-        # a function call in this Python, and a step's calls cost microseconds each when the
-        # forward left the caches cold (decoding/compiled.py)
-        new_of = dict(zip(keep, range(len(keep))))
+        new_of = {old: new for new, old in enumerate(keep)}
         if keep[:1] != [0]:
             raise ValueError("a subtree keeps the root and the parent of every node it keeps")
         # what _new would make node by node, field by field (a kept node's depth is its own: its
         # ancestors are kept); itemgetter gathers each field in one call
         get = itemgetter(*keep) if len(keep) > 1 else lambda xs: (xs[0],)
         tokens, candidate = list(get(self.tokens)), list(get(self.candidate))
-        parents = list(map(new_of.get, get(self.parents), repeat(-2)))
+        parents = [new_of.get(p, -2) for p in get(self.parents)]
         parents[0] = -1
         if -2 in parents:
             raise ValueError("a subtree keeps the root and the parent of every node it keeps")
-        children: list[dict[int, int]] = list(map(dict, repeat((), len(keep))))
+        children: list[dict[int, int]] = [{} for _ in keep]
         for new in range(1, len(keep)):
             if candidate[new]:
                 children[parents[new]][tokens[new]] = new
         sub = StepTree(tokens=tokens, parents=parents, depths=list(get(self.depths)), sources=list(get(self.sources)),
                        candidate=candidate, children=children, group=list(get(self.group)))
         sub.depths[0], sub.sources[0], sub.candidate[0], sub.group[0] = 0, 0, True, -1
-        if self.extra_logits:
-            sub.extra_logits = {new_of[n] for n in self.extra_logits if n in new_of}
-        if self.chance:
-            sub.chance = {new_of[n]: c for n, c in self.chance.items() if n in new_of}
-        if self.pinned:
-            sub.pinned = {new_of[n] for n in self.pinned if n in new_of}
+        sub.extra_logits = {new_of[n] for n in self.extra_logits if n in new_of}
+        sub.chance = {new_of[n]: c for n, c in self.chance.items() if n in new_of}
+        sub.pinned = {new_of[n] for n in self.pinned if n in new_of}
         return sub, list(keep)
 
     def mask(self) -> torch.Tensor:
@@ -147,8 +140,6 @@ class StepTree:
     def logit_nodes(self) -> list[int]:
         """Nodes whose logits the step must compute: candidates (the root included) and
         the private nodes a proposer asked for."""
-        if not self.extra_logits:  # the candidates: one builtin call, no comprehension (subtree)
-            return list(compress(range(len(self.tokens)), self.candidate))
         return [i for i in range(len(self.tokens)) if self.candidate[i] or i in self.extra_logits]
 
     def candidate_children(self, node: int) -> list[int]:
