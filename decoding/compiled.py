@@ -216,7 +216,7 @@ class PlannerCore:
         another length: the measured context), for the planner's ``observe_time``."""
         cost, B = self.cost, len(step_tokens)
         total = sum(step_tokens)
-        if len(self.curve) <= total or (self.has_slope and len(self.slope) <= max(step_tokens)):
+        if not B or len(self.curve) <= total or (self.has_slope and len(self.slope) <= max(step_tokens)):
             return cost(step_tokens, contexts), cost([1] * B, contexts)
         extra = cost.per_seq_ms * max(0, B - 1)
         ms, one = self.curve[total] + extra, self.curve[B] + extra

@@ -169,6 +169,9 @@ def test_one_sequence_step_after_step_plans_with_what_the_last_step_taught(conte
             plan.observe_time([len(keep[0])], wall, 1 + out.accepted)
         same_state(ref, fast, keys)
         assert (ref.overhead_ms, ref.overhead_per_token) == (fast.overhead_ms, fast.overhead_per_token)
+    for plan in (ref, fast):  # a step of no sequence (no call of the loop makes one): the cost's own answer
+        plan.observe_time([], 20.0, 0)
+    same_state(ref, fast, keys)
 
 
 def test_switch_and_path():
