@@ -26,7 +26,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Optional
 
-from decoding import compiled
+from decoding import compiled, inputs
 from decoding.tree import HARVEST, PLD, POOL, RECYCLE, SUFFIX, WINDOW, StepTree
 from kernels import cbuild
 
@@ -70,6 +70,12 @@ def enabled() -> bool:
 
 def _ptr(a: array) -> int:
     return a.buffer_info()[0]
+
+
+def tail_start(tokens, start) -> int:
+    """``start`` of ``extend_from(tokens, start)`` checked: the tokens already fed, 0 to len(tokens)."""
+    return inputs.integer(start, "start", f"an integer in [0, {len(tokens)}] (the tokens already fed)",
+                          lambda v: 0 <= v <= len(tokens))
 
 
 _ADDRESSES: dict[str, int] = {}
@@ -414,7 +420,7 @@ class CSuffixTrie:
         glue = self._glue
         rc = None if glue is None else glue.append_tail(self._extend_at, self._t, tokens, start)
         if rc is None:
-            tail = tokens[start:] if start else tokens
+            tail = tokens[tail_start(tokens, start):]
             if not len(tail):
                 return
             buf = array("i", tail)
@@ -760,7 +766,7 @@ class CHistory:
         glue = self._glue
         rc = None if glue is None else glue.append_tail(self._append_at, self._h, tokens, start)
         if rc is None:
-            a = array("i", tokens[start:] if start else tokens)
+            a = array("i", tokens[tail_start(tokens, start):])
             rc = self._append(self._h, _ptr(a), len(a))
         _ok(rc, "CHistory.extend")
 

@@ -74,7 +74,7 @@ class SuffixTrie:
 
     def extend_from(self, tokens: list[int], start: int) -> None:
         """``extend(tokens[start:])`` (the compiled twin reads the list's tail where it is)."""
-        self.extend(tokens[start:])
+        self.extend(tokens[compiled_draft.tail_start(tokens, start):])
 
     def extend(self, tokens: list[int]) -> None:
         """Feed tokens to the current stream (a full trie takes no more)."""

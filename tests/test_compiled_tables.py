@@ -421,5 +421,11 @@ def test_extend_from_appends_a_lists_tail_as_extend_of_the_slice(glue):
             with pytest.raises((TypeError, OverflowError)):
                 trie.extend_from(bad, 1)
             assert len(hist) == 1 and trie.text == []
+        for bad in (-1, 4, 1.0, True):  # start outside the list (or not an integer): named, nothing fed
+            hist, trie, ref = CHistory([7]), compiled_draft.CSuffixTrie(3), SuffixTrie(3)
+            for target in (hist, trie, ref):
+                with pytest.raises(ValueError, match=r"start must be an integer in \[0, 3\]"):
+                    target.extend_from([1, 2, 3], bad)
+            assert len(hist) == 1 and trie.text == [] and ref.text == []
     finally:
         compiled.use_extension(before)

@@ -592,7 +592,7 @@ static PyObject *append_tail(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (PyErr_Occurred()) return NULL;
     PyObject *tokens = args[2];
     int32_t start;
-    if (!PyList_CheckExact(tokens) || !as_i32(args[3], &start)) Py_RETURN_NONE;
+    if (!PyList_CheckExact(tokens) || PyBool_Check(args[3]) || !as_i32(args[3], &start)) Py_RETURN_NONE;
     const Py_ssize_t T = PyList_GET_SIZE(tokens);
     if (start < 0 || start > T || T - start > INT32_MAX) Py_RETURN_NONE;
     const Py_ssize_t n = T - start;
