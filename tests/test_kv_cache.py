@@ -92,8 +92,12 @@ def test_step_rejects_bad_input_without_side_effects():
             runner.step([StepInput(0, [1, 2, 3], parents=bad)])
     with pytest.raises(ValueError, match="mask or parents"):
         runner.step([StepInput(0, [1, 2], mask=torch.ones(2, 2, dtype=torch.bool).tril(), parents=[-1, 0])])
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="sequence 9 is not in the cache"):
         runner.step([StepInput(9, [1])])
+    with pytest.raises(KeyError, match="sequence 9 is not in the cache"):  # after a known one, greedy too
+        runner.step_greedy([StepInput(0, [1]), StepInput(9, [1])])
+    with pytest.raises(ValueError, match="only once"):
+        runner.step([StepInput(0, [1]), StepInput(0, [2])])
     assert runner.cache.free_blocks == free_before and runner.cache.lengths[0] == 0
 
 
