@@ -145,7 +145,7 @@ class TreeBuf:
         the suffix, prompt-lookup and pool parts, ``max_nodes`` the recycled tree; the buffers
         must hold the tree (``ensure``)."""
         glue = self._glue
-        done = None if glue is None else glue.draft(self._draft_at, self.at, ctypes.addressof(sources),
+        done = None if glue is None else glue.draft(self._draft_at, self.at, sources.at,
                                                     root, max_depth, cap, max_nodes, levels)
         if done is None:
             flat = tips = None
@@ -230,7 +230,7 @@ def draft_sources() -> DraftSources:
     """Sources of no part yet (the pool is set before a tree is drafted), with the source bits
     of decoding/tree.py."""
     s = DraftSources()
-    s.keep = {}
+    s.keep, s.at = {}, ctypes.addressof(s)  # its address, for the C glue
     s.suffix_source, s.pld_source, s.window_source, s.recycle_source = SUFFIX, PLD, WINDOW, RECYCLE
     return s
 

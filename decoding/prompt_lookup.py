@@ -167,7 +167,7 @@ class PromptLookup(Proposer[SeqState]):
                 buf.ensure(min(b.max_nodes, bound) + 1)
                 if b.max_depth > 0:  # add_lookups in one call of the library
                     hist = self.host.of(s)
-                    parts.hist, parts.keep["hist"] = hist._h, hist
+                    parts.hist, parts.keep["hist"] = hist._h, hist  # set_history's handle, its arguments set once
                 buf.draft(parts, s.root, b.max_depth, max(b.max_nodes, 0), 0, None)
                 trees.append(buf.step_tree())
             return trees

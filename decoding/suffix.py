@@ -301,7 +301,7 @@ class Suffix(Proposer[SuffixState]):
             cap = min(b.max_nodes, cfg.max_nodes)
             if parts is not None:  # own_match and grow in one call of the library
                 buf.ensure(cap + 1)
-                parts.own, parts.keep["own"] = s.trie._t, s.trie
+                parts.own, parts.keep["own"] = s.trie._t, s.trie  # set_own's handle, its arguments set once
                 buf.draft(parts, s.root, b.max_depth, max(cap, 0), 0, None)
                 trees.append(buf.step_tree())
                 continue
