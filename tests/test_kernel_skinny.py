@@ -212,6 +212,24 @@ def test_attention_row_does_not_depend_on_its_step(threads, length, isa):
                        skinny.skinny_attention(q, k_cache, v_cache, ids, length, tril, threads=threads))
 
 
+@pytest.mark.parametrize("h,kv", [(9, 3), (4, 4), (12, 2)])
+def test_a_rows_numbers_do_not_depend_on_how_many_queries_a_task_moves_at_once(h, kv, isa):
+    """The kernel moves a task's (row, head) queries 3 at a time, or 6 at a time where the build
+    has 32 vector registers and the task has 6 or more: the last row of a causal step of 1, 2, 3
+    and 8 rows (3 to 48 queries a task) sees every key, as one row alone does, and gets the same
+    bits, over one split and over several."""
+    g = torch.Generator().manual_seed(h * 10 + kv)
+    for length in (50, 300):
+        n = -(-length // 16)
+        k_cache, v_cache = torch.randn(n, 16, kv, 64, generator=g), torch.randn(n, 16, kv, 64, generator=g)
+        ids = torch.randperm(n, generator=g).int()
+        q = torch.randn(8, h, 64, generator=g)
+        alone = skinny.skinny_attention(q[-1:], k_cache, v_cache, ids, length, None, True)
+        for t in (2, 3, 8):
+            out = skinny.skinny_attention(q[-t:], k_cache, v_cache, ids, length, None, True)
+            assert torch.equal(out[-1:], alone)
+
+
 @pytest.mark.parametrize("t", [1, 6])
 def test_attention_is_the_same_whatever_the_threads_range_over(t, isa):
     """Each thread takes a contiguous range of (split, kv head) tasks and requests the keys of
