@@ -196,8 +196,10 @@ static void prefetch_keys(const job *a, const task *k, int i0, int i1) {
  * keys scored. half: the pools hold fp16, widened to fp32 as each chunk is loaded (a constant
  * where split_task_f32 / _f16 inline it). Widening the split's keys and values into fp32 rows
  * first cost 40% of a one-row task (32 KB written per task, the whole L1) for conversions that
- * run beside the FMAs: converted at each load, a one-row step's attention over 512 keys took
- * 35-40% less time and 8-16 rows 5-8% less, bit for bit the same numbers (the widening is exact). */
+ * run beside the FMAs: converted at each load, the attention over 512 keys took 25-35% less time
+ * at one row and 10-15% less at 4-8 rows with its keys and values in L2 or L3 (where the layer
+ * stack's side stream leaves them), bit for bit the same numbers (the widening is exact):
+ * bench/results/2026-11-28-cpu-attention/NOTES.md. */
 static inline __attribute__((always_inline)) void split_task(const job *a, const task *k, const task *next,
                                                               const int half) {
     const int G = a->H / a->KV, D = a->D, W = D + 2, n = k->n, nb = (n + 7) / 8, kvh = k->kvh;
@@ -225,6 +227,16 @@ static inline __attribute__((always_inline)) void split_task(const job *a, const
             outp[i] = k->part + (r * (int64_t)a->H + (int64_t)kvh * G + g) * W;
         }
         for (int c = 0; c < nb * 8; c += 4) {
+            /* the first group requests its own keys and values 8 ahead into L1: widened at each
+             * load, the task's reads wait on misses one chunk at a time where the keys were not
+             * requested early enough (in memory, not L2 / L3: one row 10-20% slower than with the
+             * split widened first, 4 rows 25%); with these the 4-row case is as fast as before */
+            if (q0 == 0)
+                for (int i = c + 8; i < c + 12 && i < n; i++)
+                    for (int d = 0; d < D * es; d += 64) {
+                        _mm_prefetch((const char *)kp[i] + d, _MM_HINT_T0);
+                        _mm_prefetch((const char *)vp[i] + d, _MM_HINT_T0);
+                    }
             if (q0 == 0 && next) { /* the later task's share for these 4 keys' scores */
                 const int pa = (int)((int64_t)next->n * c / (nb * 8)), pb = (int)((int64_t)next->n * (c + 4) / (nb * 8));
                 prefetch_keys(a, next, pa, pb < next->n ? pb : next->n);
