@@ -69,13 +69,13 @@ RUNS = [
      "task, one round (no --repeats: each speedup is one run's ratio, so read differences under about 10% "
      "as noise). The product-form table was re-tuned on the quiet machine just before (a table tuned under "
      "load had halved `ar`'s speed in an earlier run that day)."),
-    ("bench/results/2026-11-28-cpu-one-call/compare-hf-after-1/results.json",
-     "Two prompts per task beside transformers, the default native weights, one round, after a sequence's draft "
-     "went to one C call and the step's Python calls were cut (the run alternated twice with the session's start "
+    ("bench/results/2026-11-28-cpu-attention/compare-hf-after-1/results.json",
+     "Two prompts per task beside transformers, the default native weights, one round, after the decoding "
+     "attention read its fp16 keys and values as it computes (the run alternated twice with the session's start "
      "code, every run planning with one pinned step-cost curve: compare-hf-before-*/ and -after-*/ beside it). "
-     "Host 0.14 ms (`ar`) to 0.31 ms (`hybrid`) a step against 0.14-0.36 before in the same pair; the rounds' "
-     "spread is larger than that end to end. Every output identical to `ar`'s. Texts, token ids and answers "
-     "removed; the run directory's NOTES.md has why each Python call costs what it does after a forward."),
+     "The attention phase of a forward fell to 0.54-0.64x at 1-8 tokens; end to end the four before/after pairs "
+     "of the session split both ways (the rounds' spread, 5-10%, is larger). Every output identical to `ar`'s. "
+     "Texts, token ids and answers removed; the run directory's NOTES.md has the kernel and forward tables."),
     ("bench/results/2026-11-28-cpu-ranked-head/ab/now-1/results.json",
      "One prompt per task, the default native weights, one round, after the work around a step's layers left "
      "Python (the head ranks its own logits, the attention plan and RoPE without per-step torch ops, the final "
