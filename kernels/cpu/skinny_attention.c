@@ -47,9 +47,10 @@
 #define AHEAD 2
 
 /* QB queries x 4 keys at a time: QB x 4 accumulators + QB query chunks + 1 key chunk in
- * registers. With AVX-512VL's 32 registers a task of 6 or more queries takes them 6 at a time
- * (a query's numbers are the same in a group of 3 or 6: 5% less time at 8-16 rows than 3 at a
- * time); the 16 AVX2 registers hold 3. */
+ * registers. With AVX-512VL's 32 registers a task of 6 or more queries takes them 6 at a time,
+ * half the query loads per FMA (a query's numbers are the same in a group of 3 or 6); the 16
+ * AVX2 registers hold 3. Alone, 6 at a time measured within the runs' spread of 3 at a time (-7%
+ * to +5% at 4-16 rows: bench/results/2026-11-28-cpu-attention/variants-qb.txt). */
 #ifdef __AVX512VL__
 #define QBMAX 6
 #else
@@ -228,9 +229,10 @@ static inline __attribute__((always_inline)) void split_task(const job *a, const
         }
         for (int c = 0; c < nb * 8; c += 4) {
             /* the first group requests its own keys and values 8 ahead into L1: widened at each
-             * load, the task's reads wait on misses one chunk at a time where the keys were not
-             * requested early enough (in memory, not L2 / L3: one row 10-20% slower than with the
-             * split widened first, 4 rows 25%); with these the 4-row case is as fast as before */
+             * load, the task's reads wait on misses one chunk at a time where the keys are in
+             * memory, not L2 / L3 (4 rows over 512 keys 84 us without these, 66 with, 64 with the
+             * split widened first: bench/results/2026-11-28-cpu-attention/variants-qb.txt,
+             * attention.txt) */
             if (q0 == 0)
                 for (int i = c + 8; i < c + 12 && i < n; i++)
                     for (int d = 0; d < D * es; d += 64) {

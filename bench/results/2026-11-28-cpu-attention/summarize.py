@@ -38,3 +38,18 @@ for step in dict.fromkeys(k[0] for k in fwd):
     a = [statistics.median(att[step, s]) for s in ("before", "now")] if (step, "now") in att else None
     tail = f"{a[0]:.2f} | {a[1]:.2f} | {a[1] / a[0]:.2f}" if a else "- | - | -"
     print(f"| {step} | {fb:.2f} | {fn:.2f} | {fn / fb:.2f} | {tail} |")
+
+# variants.txt: us a call (fastest of each round, median over rounds) per variant, 512 keys
+var = {}
+for line in Path(__file__).with_name("variants.txt").read_text().splitlines():
+    m = re.match(r"round \d+ (\w+) (hot|L3|cold)\s+T=(\d+) L=\d+ fastest ([\d.]+) us", line)
+    if m:
+        name, mode, t, us = m.groups()
+        var.setdefault((name, mode, int(t)), []).append(float(us))
+names = list(dict.fromkeys(k[0] for k in var))
+print()
+print("| 512 keys | " + " | ".join(names) + " |")
+print("|---|" + "---:|" * len(names))
+for mode in ("hot", "L3", "cold"):
+    for t in (1, 4, 8, 16):
+        print(f"| {mode}, {t} rows | " + " | ".join(f"{statistics.median(var[n, mode, t]):.1f}" for n in names) + " |")
