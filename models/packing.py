@@ -71,6 +71,13 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+def table_width(blocks: int) -> int:
+    """A step's block-table width for a widest sequence of ``blocks`` blocks: rounded up to a
+    power of two (the entries past a sequence's blocks are -1), so that the staging's kept layout
+    of a step does not change every time a sequence takes a new block."""
+    return _pow2(max(1, blocks))
+
+
 # step layouts whose tensors a ``Staging`` keeps (batches shrink as sequences finish, trees vary
 # in size: a few dozen layouts per generate call)
 MAX_REUSED = 256
@@ -253,7 +260,7 @@ def pack(cache, inputs: list, vocab: int, max_context: int, device, staging: Opt
         return None
     args, T, n, n_rows, has_p = gathered[:5]
     blocks, block_off, n_blocks = room
-    width = max(1, max(n_blocks))
+    width = table_width(max(n_blocks))
     trees = [bool(p) for p in has_p]
     n_words = -(-max(t for t, tree in zip(T, trees) if tree) // 32) if any(trees) else 0
     R = sum(n_rows)

@@ -397,7 +397,7 @@ class ModelRunner:
             cu.append(start + T)
         seq_ids = [inp.seq_id for inp in inputs]
         lens = [cache.lengths[s] for s in seq_ids]
-        width = max(1, max(len(cache.blocks[s]) for s in seq_ids))
+        width = packing.table_width(max(len(cache.blocks[s]) for s in seq_ids))
         table: list[int] = []
         for s in seq_ids:
             table += cache.blocks[s]

@@ -167,6 +167,16 @@ def test_compiled_compaction_moves_the_rows_the_reference_moves(seed):
     assert caches[0][2] == caches[1][2]
 
 
+def _padded_table(cache, seq_ids):
+    """The step's block table: each sequence's blocks, then -1 up to the widest sequence's
+    blocks rounded up to a power of two (models.packing.table_width)."""
+    table = cache.block_table(seq_ids)
+    width = 1
+    while width < table.shape[1]:
+        width *= 2
+    return torch.cat([table, torch.full((len(seq_ids), width - table.shape[1]), -1, dtype=torch.int32)], dim=1)
+
+
 def _prepare_ref(runner, inputs):
     """What ``ModelRunner.prepare`` must pack, written plainly: one tensor per field."""
     cache = runner.cache
@@ -200,7 +210,7 @@ def _prepare_ref(runner, inputs):
     return dict(tokens=torch.tensor(tokens), positions=torch.tensor(positions, dtype=torch.int32),
                 slots=torch.tensor(slots), cu=torch.tensor(cu, dtype=torch.int32),
                 lens=torch.tensor([cache.lengths[s] for s in seq_ids], dtype=torch.int32),
-                table=cache.block_table(seq_ids), mask=mask,
+                table=_padded_table(cache, seq_ids), mask=mask,
                 causal=None if mask is None else torch.tensor([not t for t in trees]),
                 idx=None if len(idx) == cu[-1] else torch.tensor(idx), max_q=max(len(i.tokens) for i in inputs))
 

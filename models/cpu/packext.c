@@ -86,7 +86,7 @@ static int copy_ints(PyObject **it, Py_ssize_t n, int32_t *d32, int64_t *d64) {
 /* A step gathered from its StepInputs (``Gathered``): the fields (new references), the arrays, the
  * cache room each sequence needs. */
 typedef struct {
-    Py_ssize_t B, n, r_n, maxT, need, width, R;
+    Py_ssize_t B, n, r_n, maxT, need, width, widest, R;
     int n_words, any_tree;
     long bs;
     PyObject **f;
@@ -239,7 +239,12 @@ static int gather(PyObject *const *args, Gathered *g) {
     g->r_n = r_n;
     g->maxT = maxT;
     g->need = need;
-    g->width = width;
+    g->widest = width;
+    /* the table's width rounded up to a power of two: a step's layout (its tensor views, kept by
+       the staging) then stays the same while a sequence grows, instead of changing every block */
+    Py_ssize_t w2 = 1;
+    while (w2 < width) w2 <<= 1;
+    g->width = w2;
     g->R = R;
     g->n_words = n_words;
     g->any_tree = any_tree;
@@ -371,7 +376,7 @@ static PyObject *pack_padded(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (got_it <= 0) goto end;
     Step *sp = &g.s;
     if (g.B > batch_pad || g.n > rows_pad || g.R > r_pad || (words && (g.maxT + 31) / 32 > words) ||
-        (g.any_tree && !words) || g.width > width)  /* a sequence's blocks beyond the graph's table */
+        (g.any_tree && !words) || g.widest > width)  /* a sequence's blocks beyond the graph's table */
         goto end;
     Py_buffer v32, v64;
     if (PyObject_GetBuffer(args[8], &v32, PyBUF_SIMPLE) != 0) goto end;
