@@ -10,7 +10,8 @@ bucketed shape and copied into that shape's static input tensors:
     ``cu_seqlens_q[-1]``), write no K/V (slot -1), attend to nothing and are never returned;
     a row's result does not depend on the other rows of a product, so they change nothing;
   * the batch to the next power of two with empty sequences (no tokens, no context);
-  * block-table columns to one width for all steps, the most blocks a sequence can hold (-1
+  * block-table columns to one width for all steps, the most blocks a sequence can hold rounded up
+    to a power of two (-1
     past a sequence's blocks; attention reads only up to each context length, so the columns
     cost a copy, not work);
   * ``max_seqlen_q`` to the next power of two (the kernel only needs an upper bound);
@@ -143,8 +144,9 @@ class StepGraphs:
                 raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
         self.model, self.cache, self.device, self.capture = model, cache, device, capture
         self.max_tokens, self.max_batch, self.max_graphs = max_tokens, max_batch, max_graphs
-        # every step's block table padded to the most blocks one sequence can hold
-        self.width = min(cache.num_blocks, -(-model.cfg.max_position_embeddings // cache.block_size))
+        # every step's block table padded to the most blocks one sequence can hold, rounded up to a
+        # power of two as an eager step's table is (models.packing.table_width), so any step fits
+        self.width = _pow2(min(cache.num_blocks, -(-model.cfg.max_position_embeddings // cache.block_size)))
         self.graphs: "OrderedDict[StepShape, _Graph]" = OrderedDict()
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.stats = dict(captures=0, replays=0, eager=0, capture_s=0.0)
