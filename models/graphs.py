@@ -11,9 +11,8 @@ bucketed shape and copied into that shape's static input tensors:
     a row's result does not depend on the other rows of a product, so they change nothing;
   * the batch to the next power of two with empty sequences (no tokens, no context);
   * block-table columns to one width for all steps, the most blocks a sequence can hold rounded up
-    to a power of two (-1
-    past a sequence's blocks; attention reads only up to each context length, so the columns
-    cost a copy, not work);
+    to a power of two (-1 past a sequence's blocks; attention reads only up to each context
+    length, so the columns cost a copy, not work);
   * ``max_seqlen_q`` to the next power of two (the kernel only needs an upper bound);
   * the mask words to those of the padded rows, the logits rows to the padded rows (row 0
     repeated; a product's rows cost little next to another graph).
