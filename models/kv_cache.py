@@ -6,6 +6,8 @@ first and changes nothing when it fails, so a rejected request never damages ano
 sequence's cache.
 """
 
+from typing import Optional
+
 import torch
 
 from models.config import ModelConfig
@@ -35,6 +37,10 @@ class PagedKVCache:
         self.free_blocks: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() takes the lowest
         self.blocks: dict[int, list[int]] = {}  # seq id -> physical blocks, in logical order
         self.lengths: dict[int, int] = {}  # seq id -> committed tokens
+        # (k, v, their addresses and strides) for the compiled commit (models.packing.commit: made on
+        # its first call and again if k or v is replaced; () in place of the addresses where it does
+        # not take this cache)
+        self.host_kv: Optional[tuple] = None
 
     # ---- sequences ---------------------------------------------------------------------
     def add(self, seq_id: int) -> None:

@@ -336,6 +336,27 @@ def compacts(cache) -> bool:
     return enabled() and cache.k.device.type == "cpu" and cache.k.is_contiguous() and cache.v.is_contiguous()
 
 
+def commit(cache, accepted: dict) -> bool:
+    """``ModelRunner.commit`` of ``accepted`` (sequence -> its accepted step rows) in one call of
+    the extension (packext.c ``commit_host``: the checks, the moving rows' K/V and the committed
+    lengths), for a cache ``compacts`` takes, with the compiled path and its glue switched on.
+    True when it was done; False, with nothing changed, for all it does not take (a device's
+    cache, a path switched off, a value the checks refuse): the caller's Python then commits, or
+    raises naming what is wrong."""
+    if not (cbuild.host_compiled() and _ext()):
+        return False
+    k, v, held = cache.k, cache.v, cache.host_kv
+    if held is None or held[0] is not k or held[1] is not v:  # the K/V's addresses and strides, once per pair
+        args = ()
+        if k.device.type == "cpu" and k.is_contiguous() and v.is_contiguous():
+            L, NB, BS, KV, D = k.shape
+            row = KV * D * k.element_size()
+            args = (k.data_ptr(), v.data_ptr(), L, NB * BS * row, row)
+        held = cache.host_kv = (k, v, args)
+    return bool(held[2]) and EXT.module.commit_host(accepted, cache.lengths, cache.blocks, cache.block_size,
+                                                    *held[2]) is True
+
+
 def compact(cache, moving: dict[int, list[int]]) -> None:
     """``kv_compact_ref`` of the sequences in ``moving`` (sequence -> its accepted step rows,
     increasing) in a cache ``compacts`` takes: each accepted row's K/V moved to the next

@@ -442,6 +442,8 @@ class ModelRunner:
         """Keep, per sequence, the K/V of the accepted step rows (increasing, usually starting
         with 0) as the next committed tokens; everything else of the step is dropped."""
         cache = self.cache
+        if packing.commit(cache, accepted):  # the compiled twin, on a host cache (the Python below: its reference)
+            return
         moving = {}
         for s, rows in accepted.items():
             cache.check(s)

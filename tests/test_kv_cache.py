@@ -134,19 +134,27 @@ def test_warm_up_commit_moves_kv_on_a_scratch_sequence_and_frees_it(monkeypatch)
     compact = backend.kv_compact
     monkeypatch.setattr(backend, "kv_compact", lambda *a: moved.append(a[-2].tolist()) or compact(*a))
     monkeypatch.setattr(packing, "compacts", lambda cache: False)  # the backend's kernel, not the host twin
+    monkeypatch.setattr(packing, "commit", lambda cache, accepted: False)  # nor the twin's one-call commit
     runner.warm_up_commit()
     assert moved == [[[0, 2]]]
     assert runner.seq_ids == [0] and len(runner.cache.free_blocks) == free_before
 
 
+def _twin_commits(cache) -> bool:
+    """Whether the cache's commits went through the extension (models.packing.commit made its K/V
+    addresses)."""
+    return cache.host_kv is not None and bool(cache.host_kv[2])
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_compiled_compaction_moves_the_rows_the_reference_moves(seed):
-    """models/packing.py's compaction (one C call over every layer) against the backend's
-    reference (kernels.kv_ops.kv_compact_ref): the same caches bit for bit after random steps
+    """models/packing.py's commit in one call of the extension (packext.c commit_host) and its
+    compaction glued in Python (one C call over every layer) against the backend's reference
+    (kernels.kv_ops.kv_compact_ref): the same caches and lengths bit for bit after random steps
     of several sequences accepting random increasing rows."""
     caches = []
-    for on in (True, False):
-        before = cbuild.set_host_compiled(on)
+    for on, glue in ((True, True), (True, False), (False, False)):
+        before, glue_before = cbuild.set_host_compiled(on), cbuild.set_host_glue(glue)
         try:
             runner = ours_from_hf(tiny_hf_model("llama"), cache_tokens=256, block_size=4, shuffle_seed=seed)
             g = torch.Generator().manual_seed(seed)
@@ -160,11 +168,45 @@ def test_compiled_compaction_moves_the_rows_the_reference_moves(seed):
                 runner.cache.reserve(steps)
                 runner.commit({s: sorted(r.sample(range(T), r.randrange(0, T + 1))) for s, T in steps.items()})
             assert packing.compacts(runner.cache) == (on and packing.LIBRARY.get() is not None)
+            assert _twin_commits(runner.cache) == (on and glue and packing.EXT.get() is not None)
             caches.append((runner.cache.k.clone(), runner.cache.v.clone(), dict(runner.cache.lengths)))
         finally:
             cbuild.set_host_compiled(before)
-    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
-    assert caches[0][2] == caches[1][2]
+            cbuild.set_host_glue(glue_before)
+    for other in caches[1:]:
+        assert torch.equal(caches[0][0], other[0]) and torch.equal(caches[0][1], other[1])
+        assert caches[0][2] == other[2]
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["compiled", "reference"])
+def test_a_refused_commit_names_what_is_wrong_and_changes_nothing(on):
+    """Accepted rows that are not increasing, negative, past the step's room, or of a sequence the
+    cache does not hold: the commit raises (the extension leaves each to the Python, which names
+    it) and no length and no K/V row changes, the other sequences' included."""
+    before, glue_before = cbuild.set_host_compiled(on), cbuild.set_host_glue(on)
+    try:
+        runner = ours_from_hf(tiny_hf_model("llama"), cache_tokens=64, block_size=4)
+        g = torch.Generator().manual_seed(1)
+        runner.cache.k.copy_(torch.randn(runner.cache.k.shape, generator=g))
+        runner.cache.v.copy_(torch.randn(runner.cache.v.shape, generator=g))
+        for s in (0, 1):
+            runner.add_sequence(s)
+        runner.cache.reserve({0: 6, 1: 3})
+        runner.commit({0: [0, 2, 5], 1: [0, 1]})  # a valid step first: the twin's K/V addresses are made
+        runner.cache.reserve({0: 5, 1: 3})
+        k, v, lengths = runner.cache.k.clone(), runner.cache.v.clone(), dict(runner.cache.lengths)
+        for bad, match in (({0: [0, 2], 1: [1, 1]}, "increasing"), ({0: [0, 3], 1: [-1, 0]}, "increasing"),
+                           ({1: [0, 2], 0: [0, 9]}, "outside"), ({0: [0, 1], 7: [0]}, "7")):
+            with pytest.raises((ValueError, KeyError), match=match):
+                runner.commit(bad)
+            assert runner.cache.lengths == lengths
+            assert torch.equal(runner.cache.k, k) and torch.equal(runner.cache.v, v)
+        runner.commit({1: [], 0: [0, 3]})  # the same runner still commits
+        assert runner.cache.lengths == {0: lengths[0] + 2, 1: lengths[1]}
+        assert _twin_commits(runner.cache) == (on and packing.EXT.get() is not None)
+    finally:
+        cbuild.set_host_compiled(before)
+        cbuild.set_host_glue(glue_before)
 
 
 def _padded_table(cache, seq_ids):

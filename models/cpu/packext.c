@@ -402,7 +402,96 @@ end:
     return result;
 }
 
+void pack_kv_move(char *k, char *v, int64_t layers, int64_t layer_bytes, int64_t row_bytes, const int64_t *src,
+                  const int64_t *dst, int n);
+
+/* commit_host(accepted, lengths, blocks, block_size, k, v, layers, layer_bytes, row_bytes) -> True or None:
+ * ModelRunner.commit on a contiguous host cache (models/runner.py; its Python is the reference), in one call.
+ * accepted: a dict, sequence -> its accepted step rows (a list of ints). Every sequence is checked first (in
+ * the cache, rows increasing from >= 0, the last within the reserved room); then the accepted rows that move
+ * are copied in every layer (pack_kv_move, in models.packing.compact's order) and each committed length grows
+ * by its rows. None, having changed nothing, where a check fails or a value is not what it should be: the
+ * Python then raises, naming it. */
+static PyObject *commit_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "commit_host takes 9 arguments");
+        return NULL;
+    }
+    PyObject *accepted = args[0], *lengths = args[1], *blocks = args[2];
+    const long long bs = PyLong_AsLongLong(args[3]), layers = PyLong_AsLongLong(args[6]),
+                    layer_bytes = PyLong_AsLongLong(args[7]), row_bytes = PyLong_AsLongLong(args[8]);
+    char *k = PyLong_AsVoidPtr(args[4]), *v = PyLong_AsVoidPtr(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    if (!PyDict_CheckExact(accepted) || !PyDict_CheckExact(lengths) || !PyDict_CheckExact(blocks) || bs < 1)
+        Py_RETURN_NONE;
+    /* the checks, and how many rows move */
+    Py_ssize_t pos = 0, moves = 0;
+    PyObject *sid, *rows;
+    while (PyDict_Next(accepted, &pos, &sid, &rows)) {
+        PyObject *own = PyDict_GetItemWithError(blocks, sid), *len = own ? PyDict_GetItemWithError(lengths, sid) : NULL;
+        long long ctx;
+        if (!own || !len || !PyList_CheckExact(own) || !PyList_CheckExact(rows) ||
+            !as_int(len, 0, INT64_MAX / 2, &ctx)) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        const Py_ssize_t n = PyList_GET_SIZE(rows);
+        long long prev = -1, r = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (!as_int(PyList_GET_ITEM(rows, i), 0, INT32_MAX, &r) || r <= prev) Py_RETURN_NONE;
+            prev = r;
+            moves += r != i;
+        }
+        if (n && ctx + r + 1 > (long long)PyList_GET_SIZE(own) * bs) Py_RETURN_NONE;
+    }
+    /* the moving rows' slots, in the accepted dict's order (models.packing.compact) */
+    if (moves) {
+        int64_t *src = malloc(sizeof(int64_t) * 2 * (size_t)moves);
+        if (!src) return PyErr_NoMemory();
+        int64_t *dst = src + moves;
+        Py_ssize_t m = 0;
+        pos = 0;
+        while (PyDict_Next(accepted, &pos, &sid, &rows)) {
+            PyObject *own = PyDict_GetItem(blocks, sid);
+            long long ctx, r, ba, bb;
+            as_int(PyDict_GetItem(lengths, sid), 0, INT64_MAX / 2, &ctx); /* checked above */
+            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(rows); i++) {
+                as_int(PyList_GET_ITEM(rows, i), 0, INT32_MAX, &r);
+                if (r == i) continue;
+                const long long a = ctx + r, b = ctx + i;
+                if (!as_int(PyList_GET_ITEM(own, a / bs), 0, INT32_MAX, &ba) ||
+                    !as_int(PyList_GET_ITEM(own, b / bs), 0, INT32_MAX, &bb)) {
+                    free(src);
+                    Py_RETURN_NONE;
+                }
+                src[m] = ba * bs + a % bs;
+                dst[m++] = bb * bs + b % bs;
+            }
+        }
+        pack_kv_move(k, v, layers, layer_bytes, row_bytes, src, dst, (int)moves);
+        free(src);
+    }
+    pos = 0;
+    while (PyDict_Next(accepted, &pos, &sid, &rows)) {
+        const Py_ssize_t n = PyList_GET_SIZE(rows);
+        if (!n) continue;
+        long long ctx;
+        as_int(PyDict_GetItem(lengths, sid), 0, INT64_MAX / 2, &ctx);
+        PyObject *grown = PyLong_FromLongLong(ctx + n);
+        if (!grown || PyDict_SetItem(lengths, sid, grown) != 0) { /* only memory can fail here */
+            Py_XDECREF(grown);
+            return NULL;
+        }
+        Py_DECREF(grown);
+    }
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef methods[] = {
+    {"commit_host", (PyCFunction)(void (*)(void))commit_host, METH_FASTCALL,
+     "commit_host(accepted, lengths, blocks, block_size, k, v, layers, layer_bytes, row_bytes): ModelRunner.commit "
+     "on a contiguous host cache; True, or None (nothing changed) where the Python must take it"},
     {"pack_staged", (PyCFunction)(void (*)(void))pack_staged, METH_FASTCALL,
      "pack_staged(inputs, lengths, blocks, free_blocks, block_size, vocab, max_context, staging): a CPU step packed "
      "into the staging's buffers, its cache room reserved; None (nothing changed) where the Python glue must take it"},
