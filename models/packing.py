@@ -166,6 +166,24 @@ def thread_staging() -> Staging:
     return staging
 
 
+def staged(cache, inputs: list, vocab: int, max_context: int) -> Optional[tuple]:
+    """A runner's own CPU step (``ModelRunner.prepare(reuse=True)`` on a host device) packed into
+    this thread's staging in one call of the extension, its checks (every sequence in the cache,
+    none twice, ``pack_check``) and the cache room included; None, with nothing changed, where it
+    does not take the step (a switch off, the extension not built yet, anything it refuses): the
+    runner's full ``prepare`` then runs and says what is wrong. *Why a path of its own*: after a
+    forward each Python call on the way costs its lines from memory, and ``prepare`` -> ``pack``
+    had been about ten of them for one C call."""
+    ext = EXT.module
+    if ext is None or not (cbuild._host["compiled"] and cbuild._glue["on"]):
+        return None
+    staging = getattr(_local, "staging", None)
+    if staging is None:
+        staging = thread_staging()
+    return ext.pack_staged(inputs, cache.lengths, cache.blocks, cache.free_blocks, cache.block_size, vocab,
+                           max_context, staging)
+
+
 def _gather(cache, inputs: list) -> Optional[tuple]:
     """``inputs`` as the flat arrays ``pack_check`` / ``pack_step`` read: (their pointers, T,
     total rows, logits rows per input); None for a step the reference must take (an explicit

@@ -361,6 +361,10 @@ class ModelRunner:
         another): on a host device the step is written into the thread's buffers and returned as
         their kept views (``models.packing.thread_staging``) instead of new tensors."""
         cache = self.cache
+        if reuse and self.device.type == "cpu":  # the common case in one call (models.packing.staged)
+            packed = packing.staged(cache, inputs, self.cfg.vocab_size, self.cfg.max_position_embeddings)
+            if packed is not None:
+                return packed
         self._check_ids(inputs)
         if packing.enabled():  # the compiled twin (models/packing.py); None: the reference below takes it
             packed = packing.pack(cache, inputs, self.cfg.vocab_size, self.max_context, self.device,

@@ -463,3 +463,24 @@ def test_without_python_headers_the_python_glue_packs_with_one_warning(monkeypat
     with pytest.warns(RuntimeWarning, match="headers.*glued in Python"):
         tokens, meta, _ = runner.prepare([StepInput(0, [1, 2], parents=[-1, 0])], reuse=True)
     assert packing.EXT.get() is None and tokens.tolist() == [1, 2] and meta.positions.tolist() == [5, 6]
+
+
+@pytest.mark.parametrize("reuse", [True, False], ids=["staged", "plain"])
+def test_a_step_with_a_sequence_twice_or_unknown_is_refused_before_anything_is_reserved(reuse):
+    """The runner's own staged steps go to the extension first (models.packing.staged), which
+    leaves these to the Python checks: a sequence twice in one step, or one the cache does not
+    hold, is refused by name, and no cache room is taken."""
+    staged = reuse and packing.EXT.get() is not None and packing.enabled()  # loaded: the staged path is taken
+    runner = ours_from_hf(tiny_hf_model("llama"), cache_tokens=64, block_size=4)
+    for s in (0, 1):
+        runner.add_sequence(s)
+    free = list(runner.cache.free_blocks)
+    with pytest.raises(ValueError, match="only once"):
+        runner.prepare([StepInput(0, [1, 2]), StepInput(1, [3]), StepInput(0, [4])], reuse=reuse)
+    with pytest.raises(KeyError, match="sequence 5"):
+        runner.prepare([StepInput(1, [1]), StepInput(5, [2])], reuse=reuse)
+    assert runner.cache.free_blocks == free and all(not b for b in runner.cache.blocks.values())
+    tokens, meta, _ = runner.prepare([StepInput(1, [7, 8]), StepInput(0, [9])], reuse=reuse)  # still packs
+    assert tokens.tolist() == [7, 8, 9] and meta.cu_seqlens_q.tolist() == [0, 2, 3]
+    in_staging = tokens.untyped_storage().data_ptr() == packing.thread_staging().v64.untyped_storage().data_ptr()
+    assert in_staging == staged

@@ -138,8 +138,12 @@ static int gather(PyObject *const *args, Gathered *g) {
             rows_total += k;
         }
         PyObject *own = PyDict_GetItemWithError(blocks, f[b * 6]);
-        if (!own) return PyErr_Occurred() ? -1 : 0;
+        if (!own) return PyErr_Occurred() ? -1 : 0;  /* not in the cache: the Python glue says so */
         if (!PyList_CheckExact(own)) return 0;
+        for (Py_ssize_t a = 0; a < b; a++) { /* a sequence twice in the step: the Python glue says so */
+            const int same = PyObject_RichCompareBool(f[a * 6], f[b * 6], Py_EQ);
+            if (same) return same < 0 ? -1 : 0;
+        }
         blocks_total += PyList_GET_SIZE(own) + t / bs + 2;
     }
     const size_t nb = (size_t)B;
