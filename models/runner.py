@@ -248,8 +248,9 @@ class ModelRunner:
         per step, not one or two per sequence). ``k`` <= 1: the argmax alone."""
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise ValueError(f"k must be an int >= 0 (the top-k each row needs; 0 or 1: the argmax), got {k!r}")
-        if self.head_screen(k) is None:
-            if self._ranked_head(k):  # the quantized head's logits with their top-k (kernels.quant)
+        ranked = self._ranked_head(k)  # a quantized head (the CPU default) has no screen: asked first
+        if ranked or self.head_screen(k) is None:
+            if ranked:  # the quantized head's logits with their top-k (kernels.quant)
                 prepared = self.prepare(inputs, reuse=True)
                 if mark is not None:
                     mark("pack")
