@@ -143,9 +143,10 @@ class StepGraphs:
                 raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
         self.model, self.cache, self.device, self.capture = model, cache, device, capture
         self.max_tokens, self.max_batch, self.max_graphs = max_tokens, max_batch, max_graphs
-        # every step's block table padded to the most blocks one sequence can hold, rounded up to a
-        # power of two as an eager step's table is (models.packing.table_width), so any step fits
-        self.width = _pow2(min(cache.num_blocks, -(-model.cfg.max_position_embeddings // cache.block_size)))
+        # every step's block table padded to the most blocks one sequence can hold, rounded as an
+        # eager step's table is (the same rule), so that any step's table fits
+        most = min(cache.num_blocks, -(-model.cfg.max_position_embeddings // cache.block_size))
+        self.width = packing.table_width(most)
         self.graphs: "OrderedDict[StepShape, _Graph]" = OrderedDict()
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.stats = dict(captures=0, replays=0, eager=0, capture_s=0.0)

@@ -173,7 +173,8 @@ def staged(cache, inputs: list, vocab: int, max_context: int) -> Optional[tuple]
     does not take the step (a switch off, the extension not built yet, anything it refuses): the
     runner's full ``prepare`` then runs and says what is wrong. *Why a path of its own*: after a
     forward each Python call on the way costs its lines from memory, and ``prepare`` -> ``pack``
-    had been about ten of them for one C call."""
+    had been about ten of them for one C call (the cold step's prepare 61-74 -> 34-44 us:
+    bench/results/2026-11-28-cpu-host-split/NOTES.md)."""
     ext = EXT.module
     if ext is None or not (cbuild._host["compiled"] and cbuild._glue["on"]):
         return None
@@ -354,6 +355,14 @@ def compacts(cache) -> bool:
     return enabled() and cache.k.device.type == "cpu" and cache.k.is_contiguous() and cache.v.is_contiguous()
 
 
+def _kv_rows(k) -> tuple[int, int, int]:
+    """(layers, bytes a layer, bytes a slot's row) of a contiguous (L, blocks, block size, kv heads,
+    head dim) K or V pool: what ``pack_kv_move`` steps by."""
+    L, NB, BS, KV, D = k.shape
+    row = KV * D * k.element_size()
+    return L, NB * BS * row, row
+
+
 def commit(cache, accepted: dict) -> bool:
     """``ModelRunner.commit`` of ``accepted`` (sequence -> its accepted step rows) in one call of
     the extension (packext.c ``commit_host``: the checks, the moving rows' K/V and the committed
@@ -367,9 +376,7 @@ def commit(cache, accepted: dict) -> bool:
     if held is None or held[0] is not k or held[1] is not v:  # the K/V's addresses and strides, once per pair
         args = ()
         if k.device.type == "cpu" and k.is_contiguous() and v.is_contiguous():
-            L, NB, BS, KV, D = k.shape
-            row = KV * D * k.element_size()
-            args = (k.data_ptr(), v.data_ptr(), L, NB * BS * row, row)
+            args = (k.data_ptr(), v.data_ptr(), *_kv_rows(k))
         held = cache.host_kv = (k, v, args)
     return bool(held[2]) and EXT.module.commit_host(accepted, cache.lengths, cache.blocks, cache.block_size,
                                                     *held[2]) is True
@@ -389,7 +396,4 @@ def compact(cache, moving: dict[int, list[int]]) -> None:
                 dst.append(blocks[b // bs] * bs + b % bs)
     if src:
         k = cache.k
-        L, NB, BS, KV, D = k.shape  # contiguous (compacts): a slot's row, a layer, from the shape
-        row = KV * D * k.element_size()
-        LIBRARY.lib.pack_kv_move(k.data_ptr(), cache.v.data_ptr(), L, NB * BS * row, row, _ptr(src), _ptr(dst),
-                                 len(src))
+        LIBRARY.lib.pack_kv_move(k.data_ptr(), cache.v.data_ptr(), *_kv_rows(k), _ptr(src), _ptr(dst), len(src))
