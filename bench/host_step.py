@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from decoding import compiled  # noqa: E402
-from models.runner import ModelRunner, StepInput  # noqa: E402
+from models.runner import ModelRunner, StepInput, _inference  # noqa: E402
 
 DEFAULT_COST = Path(__file__).resolve().parent / "data" / "step_cost_reference.json"
 
@@ -62,7 +62,7 @@ class OracleRunner(ModelRunner):
     def head_screen(self, k: int = 1):
         return None
 
-    @torch.inference_mode()
+    @_inference
     def step(self, inputs: list[StepInput], mark=None):
         """The prefill's chunks: packed for real; each logits row one-hot at its argmax."""
         self.prepare(inputs)
@@ -74,7 +74,7 @@ class OracleRunner(ModelRunner):
             out.append(rows)
         return out
 
-    @torch.inference_mode()
+    @_inference
     def step_greedy(self, inputs: list[StepInput], k: int = 1, mark=None):
         self.prepare(inputs, reuse=True)  # as ModelRunner.step_greedy
         if mark is not None:
