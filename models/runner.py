@@ -52,21 +52,31 @@ def _inference(f: Callable) -> Callable:
 
 
 class StepLogits:
-    """One sequence's logits rows of a step, (R, vocab) fp32: given, or multiplied out from the
-    final norm's rows on the first ``tensor()`` call (greedy decoding with an LM head screen
-    reads only their argmax / top-k, which come with them, and never asks)."""
+    """One sequence's logits rows of a step, (R, vocab) fp32: rows ``start`` to ``start + R`` of
+    the step's logits, or multiplied out from those rows of the final norm's on the first
+    ``tensor()`` call (greedy decoding with an LM head screen reads only their argmax / top-k,
+    which come with them, and never asks). Nothing is sliced until asked: a tensor op costs
+    tens of microseconds when the forward has left the caches cold, and greedy steps seldom ask."""
 
     def __init__(self, model: Transformer, tensor: Optional[torch.Tensor] = None,
-                 hidden: Optional[torch.Tensor] = None):
+                 hidden: Optional[torch.Tensor] = None, start: int = 0, rows: Optional[int] = None):
         self._model, self._tensor, self._hidden = model, tensor, hidden
-        rows = tensor.shape[0] if tensor is not None else hidden.shape[0]
-        self.shape = torch.Size((rows, model.cfg.vocab_size))
+        self._start = start
+        self._rows = (tensor if tensor is not None else hidden).shape[0] - start if rows is None else rows
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self._rows, self._model.cfg.vocab_size))
 
     def tensor(self) -> torch.Tensor:
+        a, b = self._start, self._start + self._rows
         if self._tensor is None:
             with torch.inference_mode():
-                self._tensor = self._model.head(self._hidden)
+                self._tensor = self._model.head(self._hidden[a:b])
             self._hidden = None
+        elif a or b != self._tensor.shape[0]:
+            self._tensor = self._tensor[a:b]
+        self._start = 0
         return self._tensor
 
 
@@ -264,7 +274,7 @@ class ModelRunner:
             out, start = [], 0
             for inp in inputs:
                 r = len(inp.tokens) if inp.logits_rows is None else len(inp.logits_rows)
-                out.append((StepLogits(self.model, tensor=logits[start:start + r]), top1[start:start + r],
+                out.append((StepLogits(self.model, tensor=logits, start=start, rows=r), top1[start:start + r],
                             None if topk is None else topk[start:start + r]))
                 start += r
             return out
@@ -278,7 +288,7 @@ class ModelRunner:
         for inp in inputs:
             r = len(inp.tokens) if inp.logits_rows is None else len(inp.logits_rows)
             rows = top[start:start + r]
-            out.append((StepLogits(self.model, hidden=h[start:start + r]), [t[0] for t in rows],
+            out.append((StepLogits(self.model, hidden=h, start=start, rows=r), [t[0] for t in rows],
                         rows if k > 1 else None))
             start += r
         return out

@@ -632,9 +632,11 @@ def test_step_greedy_without_the_screen_reduces_the_whole_step_once(tiny_torch, 
             StepInput(2, [8, 9]), StepInput(3, [1, 2, 3], logits_rows=[2, 0])]
     got = runner.step_greedy(step, k=k)
     assert len(calls) == 1
-    for (lg, top1, topk), inp in zip(got, step):
+    again = runner.step(step)  # the same slots rewritten: each input's own rows, sliced when asked
+    for (lg, top1, topk), inp, ref in zip(got, step, again):
         full = lg.tensor()
         assert full.shape[0] == len(inp.tokens if inp.logits_rows is None else inp.logits_rows)
+        assert lg.shape == ref.shape and torch.equal(full, ref) and lg.tensor() is full
         assert top1 == full.argmax(-1).tolist()
         assert topk == (None if k == 1 else full.topk(k, -1).indices.tolist())
 
