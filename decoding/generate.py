@@ -178,15 +178,14 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
     states = [s.state for s in active]
     sids = [st.sid for st in states]
     depth = [s.remaining - 1 for s in active]
-    budgets = [Budget(max_depth=d) for d in depth]
-    if planner is not None:
-        contexts = [st.committed for st in states]
-        if proposer.sizes_itself:
-            budgets = [Budget(max_depth=d, step_ms=t, planned=True)
-                       for d, t in zip(depth, planner.step_times(sids, contexts))]
-        else:
-            budgets = [Budget(max_depth=min(d, p), planned=True)
-                       for d, p in zip(depth, planner.max_depth(sids, proposer.sources, contexts))]
+    if planner is None:
+        budgets = [Budget(max_depth=d) for d in depth]
+    elif proposer.sizes_itself:
+        budgets = [Budget(max_depth=d, step_ms=t, planned=True)
+                   for d, t in zip(depth, planner.step_times(sids, [st.committed for st in states]))]
+    else:
+        budgets = [Budget(max_depth=min(d, p), planned=True)
+                   for d, p in zip(depth, planner.max_depth(sids, proposer.sources, [st.committed for st in states]))]
     mark("plan")
     trees = proposer.propose(states, budgets, ctx)
     mark("propose")

@@ -73,10 +73,13 @@ class StepClock:
 
     def start(self, device=None) -> None:
         """A step begins (``device``: the one whose work ``forward`` waits for)."""
-        import torch
-
         self.steps += 1
-        self._sync = torch.cuda.synchronize if device is not None and device.type == "cuda" else None
+        if device is not None and device.type == "cuda":
+            import torch
+
+            self._sync = torch.cuda.synchronize
+        else:
+            self._sync = None
         self._device = device
         self._t = time.perf_counter()
 
