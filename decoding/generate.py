@@ -18,7 +18,6 @@ from decoding.planner import Planner
 from decoding.proposer import Budget, Context, Outcome, Proposer, Sequence, SeqState
 from decoding.sampling import SamplingParams, probs_from_logits, sample
 from decoding.stats import SeqStats, StepClock
-from decoding.tree import StepTree
 from models.llama import Transformer
 from models.runner import ModelRunner, StepInput
 
@@ -122,12 +121,13 @@ def generate(
         while active := batch.retire_finished():
             t0 = time.perf_counter()
             outcomes = decode_step(runner, proposer, active, ctx, eos, planner, step_clock)
-            gained = sum(len(o.new_tokens) for o in outcomes)
-            if planner is not None:
-                planner.observe_time([o.sent for o in outcomes], (time.perf_counter() - t0) * 1e3, gained,
-                                     model_ms=proposer.model_ms)
+            gained, sent = 0, []  # plain loops: see decode_step
             for s, o in zip(active, outcomes):
                 s.stats.record(o)
+                gained += len(o.new_tokens)
+                sent.append(o.sent)
+            if planner is not None:
+                planner.observe_time(sent, (time.perf_counter() - t0) * 1e3, gained, model_ms=proposer.model_ms)
             if on_tokens is not None:
                 _notify(on_tokens, active, [o.new_tokens for o in outcomes])
             bar.update(gained)
@@ -170,48 +170,83 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
                 ) -> list[Outcome]:
     """One step of every active sequence: propose -> (plan) -> forward -> verify -> commit ->
     update. A planner sends a subtree of each proposed tree; outcomes name the proposer's nodes.
-    ``clock`` is told when each phase ends."""
+    ``clock`` is told when each phase ends.
+
+    Written as plain loops, one per phase, with the greedy walk inline for a proposer that keeps
+    the common ``verify``: in this Python each comprehension and each function is a code object
+    of its own, and after a forward every one the step touches costs its lines from memory
+    (bench/results/2026-11-28-cpu-cold-host/NOTES.md)."""
     mark = _no_mark
     if clock is not None:
         clock.start(runner.device)
         mark = clock.mark
-    states = [s.state for s in active]
-    sids = [st.sid for st in states]
-    depth = [s.remaining - 1 for s in active]
+    states, sids, depth, contexts = [], [], [], []
+    for s in active:
+        st = s.state
+        states.append(st)
+        sids.append(st.sid)
+        depth.append(s.remaining - 1)
+        contexts.append(len(st.tokens) - 1)  # st.committed
+    budgets = []
     if planner is None:
-        budgets = [Budget(max_depth=d) for d in depth]
+        for d in depth:
+            budgets.append(Budget(max_depth=d))
     elif proposer.sizes_itself:
-        budgets = [Budget(max_depth=d, step_ms=t, planned=True)
-                   for d, t in zip(depth, planner.step_times(sids, [st.committed for st in states]))]
+        for d, t in zip(depth, planner.step_times(sids, contexts)):
+            budgets.append(Budget(max_depth=d, step_ms=t, planned=True))
     else:
-        budgets = [Budget(max_depth=min(d, p), planned=True)
-                   for d, p in zip(depth, planner.max_depth(sids, proposer.sources, [st.committed for st in states]))]
+        for d, p in zip(depth, planner.max_depth(sids, proposer.sources, contexts)):
+            budgets.append(Budget(max_depth=min(d, p), planned=True))
     mark("plan")
     trees = proposer.propose(states, budgets, ctx)
     mark("propose")
-    keep = [list(range(len(t))) for t in trees] if planner is None else planner.select(sids, trees)
-    sent = [t if len(k) == len(t) else t.subtree(k)[0] for t, k in zip(trees, keep)]
-    rows = [{node: j for j, node in enumerate(t.logit_nodes())} for t in sent]
+    keep = None if planner is None else planner.select(sids, trees)
+    sent, rows, inputs = [], [], []
+    for b, t in enumerate(trees):
+        if keep is not None and len(keep[b]) != len(t.tokens):
+            t = t.subtree(keep[b])[0]
+        sent.append(t)
+        r = {}  # node -> its logits row
+        for node in t.logit_nodes():
+            r[node] = len(r)
+        rows.append(r)
+        inputs.append(StepInput(sids[b], t.tokens, t.depths, None, list(r), None if t.is_chain() else t.parents))
     mark("plan")
-    inputs = [_step_input(sid, t, list(r)) for sid, t, r in zip(sids, sent, rows)]
-    if ctx.sampling.greedy:  # the argmax / top-k of every row, and the logits only if asked for
+    greedy = ctx.sampling.greedy
+    if greedy:  # the argmax / top-k of every row, and the logits only if asked for
         reduced = runner.step_greedy(inputs, proposer.top_k, None if clock is None else mark)
-        logits, tops = [lg for lg, _, _ in reduced], [(top1, topk) for _, top1, topk in reduced]
     else:
-        logits = runner.step(inputs, None if clock is None else mark)
-        tops = [(None, None)] * len(logits)
-    verdicts = [proposer.verify(st, t, lg, r, ctx.sampling, top1=top1)  # top1: None when sampling
-                for st, t, lg, r, (top1, _) in zip(states, sent, logits, rows, tops)]
+        reduced = [(lg, None, None) for lg in runner.step(inputs, None if clock is None else mark)]
+    verdicts, own = [], greedy and type(proposer).verify is Proposer.verify
+    for st, t, r, (lg, top1, _) in zip(states, sent, rows, reduced):
+        if own:  # verify's greedy walk: each accepted node's argmax is its child's token
+            children, node, path = t.children, 0, [0]
+            while (child := children[node].get(top1[r[node]])) is not None:
+                path.append(child)
+                node = child
+            verdicts.append((path, top1[r[node]]))
+        else:
+            verdicts.append(proposer.verify(st, t, lg, r, ctx.sampling, top1=top1))  # top1: None when sampling
     mark("verify")
-    runner.commit({sid: path for sid, (path, _) in zip(sids, verdicts)})
+    accepted = {}
+    for sid, (path, _) in zip(sids, verdicts):
+        accepted[sid] = path
+    runner.commit(accepted)
     mark("commit")
     outcomes = []
-    for s, tree, t, k, lg, r, (path, bonus), (top1, topk) in zip(active, trees, sent, keep, logits, rows, verdicts,
-                                                                 tops):
-        new = s.append([t.tokens[n] for n in path[1:]] + [bonus], eos)
-        outcomes.append(Outcome(tree=tree, path=[k[n] for n in path], new_tokens=new, logits=lg,
-                                rows={k[n]: j for n, j in r.items()}, sent=len(t)).reduced(top1, topk))
-        proposer.update(s.state, outcomes[-1])
+    for b, (s, tree, t, r, (path, bonus), (lg, top1, topk)) in enumerate(zip(active, trees, sent, rows, verdicts,
+                                                                            reduced)):
+        tokens, gained = t.tokens, []
+        for n in path[1:]:
+            gained.append(tokens[n])
+        gained.append(bonus)
+        new = s.append(gained, eos)
+        if keep is not None and len(keep[b]) != len(tokens):  # the sent subtree's nodes named as the proposer's
+            k = keep[b]
+            path, r = [k[n] for n in path], {k[n]: j for n, j in r.items()}
+        outcome = Outcome(tree=tree, path=path, new_tokens=new, logits=lg, rows=r, sent=len(tokens))
+        outcomes.append(outcome.reduced(top1, topk))
+        proposer.update(s.state, outcome)
     if planner is not None:
         planner.observe_all(sids, outcomes)
     mark("update")
@@ -226,10 +261,6 @@ def _notify(on_tokens, seqs: list[Sequence], new: list[list[int]]) -> None:
     for s, tokens in zip(seqs, new):
         if tokens and on_tokens(s.state.sid, list(tokens)) and s.finish is None:
             s.finish = "stop"
-
-
-def _step_input(sid: int, tree: StepTree, logit_rows: list[int]) -> StepInput:
-    return StepInput(sid, tree.tokens, tree.depths, None, logit_rows, None if tree.is_chain() else tree.parents)
 
 
 def _generator(sampling: SamplingParams, index: int, device: torch.device) -> Optional[torch.Generator]:

@@ -44,7 +44,8 @@ class StepTree:
 
     @classmethod
     def root(cls, token: int) -> "StepTree":
-        return cls(tokens=[token])
+        # every field given: each default factory would be a call of its own (decode_step)
+        return cls([token], [-1], [0], [0], [True], [{}], set(), [-1], {}, set())
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -135,12 +136,19 @@ class StepTree:
 
     def is_chain(self) -> bool:
         """Every node's parent is the previous node: the causal mask describes it."""
-        return all(p == i - 1 for i, p in enumerate(self.parents))
+        for i, p in enumerate(self.parents):  # a loop: a generator is a code object of its own (decode_step)
+            if p != i - 1:
+                return False
+        return True
 
     def logit_nodes(self) -> list[int]:
         """Nodes whose logits the step must compute: candidates (the root included) and
         the private nodes a proposer asked for."""
-        return [i for i in range(len(self.tokens)) if self.candidate[i] or i in self.extra_logits]
+        out, candidate, extra = [], self.candidate, self.extra_logits
+        for i in range(len(self.tokens)):  # a loop, as is_chain
+            if candidate[i] or i in extra:
+                out.append(i)
+        return out
 
     def candidate_children(self, node: int) -> list[int]:
         return list(self.children[node].values())

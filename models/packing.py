@@ -370,16 +370,19 @@ def commit(cache, accepted: dict) -> bool:
     True when it was done; False, with nothing changed, for all it does not take (a device's
     cache, a path switched off, a value the checks refuse): the caller's Python then commits, or
     raises naming what is wrong."""
-    if not (cbuild.host_compiled() and _ext()):
-        return False
+    ext = EXT.module  # the switches read in place, as in staged
+    if ext is None or not (cbuild._host["compiled"] and cbuild._glue["on"]):
+        if not (cbuild.host_compiled() and _ext()):
+            return False
+        ext = EXT.module
     k, v, held = cache.k, cache.v, cache.host_kv
     if held is None or held[0] is not k or held[1] is not v:  # the K/V's addresses and strides, once per pair
         args = ()
         if k.device.type == "cpu" and k.is_contiguous() and v.is_contiguous():
             args = (k.data_ptr(), v.data_ptr(), *_kv_rows(k))
         held = cache.host_kv = (k, v, args)
-    return bool(held[2]) and EXT.module.commit_host(accepted, cache.lengths, cache.blocks, cache.block_size,
-                                                    *held[2]) is True
+    return bool(held[2]) and ext.commit_host(accepted, cache.lengths, cache.blocks, cache.block_size,
+                                             *held[2]) is True
 
 
 def compact(cache, moving: dict[int, list[int]]) -> None:
