@@ -128,12 +128,18 @@ class PlannerCore:
 
     def __init__(self, lib: ctypes.CDLL, cost):
         self.lib, self.cost = lib, cost
-        self.curve, self.slope = array("d"), array("d")
+        # the tables start as copies of the longest an earlier planner of this cost made (the same
+        # values: the cost's own, memoised): the bench makes a planner per generate call, and each
+        # first step tabulated its hundreds of entries one Python call each
+        done = cost.__dict__.get("_planner_tables")
+        self.curve, self.slope = (array("d", done[0]), array("d", done[1])) if done else (array("d"), array("d"))
         self.has_slope = cost.long_context > cost.context
         self._flat: Optional[tuple] = None  # the last select's trees and their arrays
         # the call's structures, kept between steps (a step changes a few of their fields)
         self._cost_args = PlanCost(None, None, 0, 0, cost.per_seq_ms, 0.5 * cost.ms[0], cost.context,
                                    cost.long_context - cost.context if self.has_slope else 0, None)
+        if self.curve:
+            self._point()
         self._cfg_args: Optional[PlanCfg] = None
         self._accs_of: dict[tuple, ctypes.Array] = {}
         # the committed lengths the cost was last given: the planner's list (a step's max_depth and
@@ -172,8 +178,10 @@ class PlannerCore:
                 self.curve.append(cost.curve(len(self.curve)))
             while self.has_slope and len(self.slope) <= per_seq:
                 self.slope.append(cost.attention_slope(len(self.slope)))
-            s.curve, s.curve_len = _ptr(self.curve), len(self.curve)
-            s.slope, s.slope_len = (_ptr(self.slope) if self.has_slope else None), len(self.slope)
+            self._point()
+            done = cost.__dict__.get("_planner_tables")
+            if done is None or len(done[0]) < len(self.curve) or len(done[1]) < len(self.slope):
+                cost._planner_tables = (array("d", self.curve), array("d", self.slope))
         ctx = planner.contexts
         if ctx is not None and len(ctx) == len(sids):
             if ctx is not self._ctx_list:  # a new step's list (the old one is held: a new list is another object)
@@ -209,6 +217,12 @@ class PlannerCore:
             entry[2] = planner.version
         self._ready = (list(sids), planner.contexts, planner.version, entry)
         return entry
+
+    def _point(self) -> None:
+        """The call's structure pointed at the tables (after they grew: an array may move)."""
+        s = self._cost_args
+        s.curve, s.curve_len = _ptr(self.curve), len(self.curve)
+        s.slope, s.slope_len = (_ptr(self.slope) if self.has_slope else None), len(self.slope)
 
     def forward_ms(self, step_tokens: list[int], contexts: Optional[list[int]]) -> tuple[float, float]:
         """The cost's ``(cost(step_tokens, contexts), cost([1] * len(step_tokens), contexts))``

@@ -250,11 +250,12 @@ class NodeChildren(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(len(self))[i]]
+        n = len(self._tokens)  # not len(self): a call of its own (decode_step)
         if i < 0:
-            i += len(self)
+            i += n
         kids = self._made.get(i)
         if kids is None:
-            if not 0 <= i < len(self):
+            if not 0 <= i < n:
                 raise IndexError("node index out of range")
             kids, c, tokens, after = {}, self._first[i], self._tokens, self._after
             while c >= 0:

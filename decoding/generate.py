@@ -233,7 +233,7 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
         accepted[sid] = path
     runner.commit(accepted)
     mark("commit")
-    outcomes = []
+    outcomes, learns = [], type(proposer).update is not Proposer.update  # ar and pld learn nothing
     for b, (s, tree, t, r, (path, bonus), (lg, top1, topk)) in enumerate(zip(active, trees, sent, rows, verdicts,
                                                                             reduced)):
         tokens, gained = t.tokens, []
@@ -246,7 +246,8 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
             path, r = [k[n] for n in path], {k[n]: j for n, j in r.items()}
         outcome = Outcome(tree=tree, path=path, new_tokens=new, logits=lg, rows=r, sent=len(tokens))
         outcomes.append(outcome.reduced(top1, topk))
-        proposer.update(s.state, outcome)
+        if learns:
+            proposer.update(s.state, outcome)
     if planner is not None:
         planner.observe_all(sids, outcomes)
     mark("update")

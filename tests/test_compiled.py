@@ -145,6 +145,40 @@ def test_random_steps_plan_select_and_learn_the_same(seed, glue):
         same_state(ref, fast, keys)
 
 
+def test_a_planner_starts_from_the_tables_an_earlier_planner_of_its_cost_made():
+    """A later planner of the same cost copies the cost's tabulated curve and slope (the bench
+    makes a planner per generate call) and plans, selects and learns as the reference does,
+    from its first call on."""
+    cost = StepCost(tokens=list(COST.tokens), ms=list(COST.ms), per_seq_ms=COST.per_seq_ms, context=COST.context,
+                    long_context=COST.long_context, long_tokens=list(COST.long_tokens), long_ms=list(COST.long_ms))
+    first = pair(cost)[1]  # tabulates more than the steps below need
+    first.max_depth([0, 1, 2, 3], PLD, [300, 1500, 20, 9])
+    first.select([0, 1, 2, 3], [chain(90) for _ in range(4)])
+    made = cost._planner_tables
+    assert len(made[0]) > 1 and len(made[1]) > 1
+    rng, keys = random.Random(4), all_keys()
+    ref, fast = pair(cost, PlannerConfig(learn_overhead=True))
+    assert list(fast._core.curve) == list(made[0]) and fast._core.curve is not made[0]
+    # the C calls read the copies from the first call on (a null table: they refuse, and the
+    # reference answers in their place)
+    assert fast._core._cost_args.curve == fast._core.curve.buffer_info()[0]
+    assert fast._core._cost_args.slope == fast._core.slope.buffer_info()[0]
+    for step in range(12):
+        sids = rng.sample(range(4), rng.randrange(1, 4))
+        contexts = [rng.randrange(10, 2000) for _ in sids]
+        assert fast.max_depth(sids, PLD | SUFFIX, contexts) == ref.max_depth(sids, PLD | SUFFIX, contexts)
+        trees = [random_tree(rng) for _ in sids]
+        keep = ref.select(sids, trees)
+        assert fast.select(sids, trees) == keep
+        outs = [outcome_of(rng, tree, k) for tree, k in zip(trees, keep)]
+        wall = rng.uniform(15, 60)
+        for plan in (ref, fast):
+            plan.observe_all(sids, outs)
+            plan.observe_time([len(k) for k in keep], wall, len(sids))
+        same_state(ref, fast, keys)
+    assert len(cost._planner_tables[0]) >= len(made[0])  # the longest tables made so far
+
+
 @pytest.mark.parametrize("contexts", [False, True], ids=["no-contexts", "contexts"])
 def test_one_sequence_step_after_step_plans_with_what_the_last_step_taught(contexts):
     """The same sequence step after step (the compiled calls find their structures as the step
