@@ -129,8 +129,10 @@ class Outcome:
     def top_rows(self, k: int) -> list[list[int]]:
         """Per row of ``logits``: the model's k best next tokens, best first (equal logits in
         token order); reduced once (with the argmax) and kept."""
-        k = min(k, self.logits.shape[-1])
         have = len(self._topk[0]) if self._topk else 0  # the k reduced so far
+        if have == k:  # the step's own top-k (the common case: no shape asked, a call of its own)
+            return self._topk
+        k = min(k, self.logits.shape[-1])
         if have < k:
             self._top1, self._topk = argmax_topk_rows(logits_tensor(self.logits), k)
             have = k

@@ -23,6 +23,10 @@ SOURCE_NAMES = {PLD: "pld", POOL: "pool", JACOBI: "jacobi", DRAFT: "draft", WIND
                 RECYCLE: "recycle", SUFFIX: "suffix", STORE: "store"}
 
 
+def _first(xs) -> tuple:
+    return (xs[0],)
+
+
 @dataclass
 class StepTree:
     tokens: list[int]
@@ -101,27 +105,39 @@ class StepTree:
     def subtree(self, keep: list[int]) -> tuple["StepTree", list[int]]:
         """The tree of the nodes ``keep`` (increasing, 0 first, every kept node's parent kept),
         and for each of its nodes the node of this tree it came from."""
-        new_of = {old: new for new, old in enumerate(keep)}
         if keep[:1] != [0]:
             raise ValueError("a subtree keeps the root and the parent of every node it keeps")
         # what _new would make node by node, field by field (a kept node's depth is its own: its
-        # ancestors are kept); itemgetter gathers each field in one call
-        get = itemgetter(*keep) if len(keep) > 1 else lambda xs: (xs[0],)
-        tokens, candidate = list(get(self.tokens)), list(get(self.candidate))
-        parents = [new_of.get(p, -2) for p in get(self.parents)]
-        parents[0] = -1
-        if -2 in parents:
-            raise ValueError("a subtree keeps the root and the parent of every node it keeps")
-        children: list[dict[int, int]] = [{} for _ in keep]
+        # ancestors are kept); itemgetter gathers each field in one call. Plain loops and every
+        # field given: a planned step makes one, and each comprehension or default factory is a
+        # call of its own (decode_step)
+        new_of = {}
+        for new, old in enumerate(keep):
+            new_of[old] = new
+        get = itemgetter(*keep) if len(keep) > 1 else _first
+        tokens, candidate, old_parents = list(get(self.tokens)), list(get(self.candidate)), get(self.parents)
+        parents, children = [-1], [{}]
         for new in range(1, len(keep)):
+            parent = new_of.get(old_parents[new], -1)
+            if parent < 0:
+                raise ValueError("a subtree keeps the root and the parent of every node it keeps")
+            parents.append(parent)
+            children.append({})
             if candidate[new]:
-                children[parents[new]][tokens[new]] = new
-        sub = StepTree(tokens=tokens, parents=parents, depths=list(get(self.depths)), sources=list(get(self.sources)),
-                       candidate=candidate, children=children, group=list(get(self.group)))
+                children[parent][tokens[new]] = new
+        extra, chance, pinned = set(), {}, set()
+        for n in self.extra_logits:
+            if n in new_of:
+                extra.add(new_of[n])
+        for n, c in self.chance.items():
+            if n in new_of:
+                chance[new_of[n]] = c
+        for n in self.pinned:
+            if n in new_of:
+                pinned.add(new_of[n])
+        sub = StepTree(tokens, parents, list(get(self.depths)), list(get(self.sources)), candidate, children, extra,
+                       list(get(self.group)), chance, pinned)
         sub.depths[0], sub.sources[0], sub.candidate[0], sub.group[0] = 0, 0, True, -1
-        sub.extra_logits = {new_of[n] for n in self.extra_logits if n in new_of}
-        sub.chance = {new_of[n]: c for n, c in self.chance.items() if n in new_of}
-        sub.pinned = {new_of[n] for n in self.pinned if n in new_of}
         return sub, list(keep)
 
     def mask(self) -> torch.Tensor:
