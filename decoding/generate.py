@@ -241,7 +241,7 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
             gained.append(tokens[n])
         gained.append(bonus)
         new = s.append(gained, eos)
-        if keep is not None and len(keep[b]) != len(tokens):  # the sent subtree's nodes named as the proposer's
+        if keep is not None and len(keep[b]) != len(tree.tokens):  # the sent subtree's nodes named as the proposer's
             k = keep[b]
             path, r = [k[n] for n in path], {k[n]: j for n, j in r.items()}
         outcome = Outcome(tree=tree, path=path, new_tokens=new, logits=lg, rows=r, sent=len(tokens))

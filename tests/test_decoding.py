@@ -12,6 +12,7 @@ from decoding import (Budget, Context, DraftModel, DraftModelConfig, DraftPLD, H
                       LookaheadConfig, Proposer, PromptLookup, PromptLookupConfig, RecycleConfig, SamplingParams,
                       SeqState, SuffixConfig, generate, make_proposer)
 from decoding.methods import METHODS
+from decoding.tree import PLD, StepTree
 from helpers import ours_from_hf, tiny_draft, tiny_hf_model
 from kernels.backend import TorchBackend
 
@@ -660,3 +661,57 @@ def test_step_greedy_rows_the_screen_hands_back_and_bad_k(tiny_torch, monkeypatc
     assert top1[1] == int(full[1].argmax()) and topk[1] == full[1].topk(2).indices.tolist()
     assert top1[0] == 0 and top1[2] == 0  # the other rows: what the screen said
     monkeypatch.setattr(skinny, "head_topk", real)
+
+
+class _Oracle(Proposer):
+    """Proposes root -> (a wrong token, node 1) and root -> answer[0] -> answer[1] (nodes 2, 3);
+    records what each update is told."""
+
+    def __init__(self, answer: list[int], vocab: int):
+        self.answer, self.vocab, self.seen = answer, vocab, []
+
+    def propose(self, states, budgets, ctx):
+        st = states[0]
+        done = len(st.tokens) - st.prompt_len
+        nxt = self.answer[done:done + 2]
+        t = StepTree.root(st.root)
+        if len(nxt) == 2 and budgets[0].max_depth >= 2:
+            t.add_chain([(nxt[0] + 1) % self.vocab], PLD)
+            t.add_chain(nxt, PLD)
+        return [t]
+
+    def update(self, state, outcome):
+        self.seen.append((len(outcome.tree), outcome.path, sorted(outcome.rows), outcome.new_tokens,
+                          [outcome.tree.tokens[n] for n in outcome.path[1:]]))
+
+
+class _OracleOwnVerify(_Oracle):
+    def verify(self, *args, **kwargs):  # the common rule, through a proposer's own entry
+        return super().verify(*args, **kwargs)
+
+
+@pytest.mark.parametrize("verify", ["common", "own"])
+def test_a_planned_subtree_outcome_names_the_proposers_nodes(tiny_torch, verify):
+    """A planner that drops a node: the outcome's path and rows are the proposed tree's node ids
+    (what the proposer and the planner learn from), and the tokens are the sent tree's, on the
+    loop's own greedy walk and on a proposer's own ``verify``."""
+    from decoding.planner import Planner, PlannerConfig
+    from models.cost import StepCost
+
+    prompt = [5, 6, 7, 8, 5, 6, 7, 9]
+    answer = generate(tiny_torch, [prompt], max_new_tokens=12, eos_token_ids=())[0].output_ids
+
+    class Drop(Planner):
+        def select(self, sids, trees):
+            return [[n for n in range(len(t)) if n != 1] for t in trees]
+
+    prop = (_Oracle if verify == "common" else _OracleOwnVerify)(answer[1:], tiny_torch.cfg.vocab_size)
+    cost = StepCost(tokens=[1, 64], ms=[10.0, 10.0], per_seq_ms=0.0, context=16)
+    res = generate(tiny_torch, [prompt], prop, max_new_tokens=12, eos_token_ids=(),
+                   planner=Drop(cost, PlannerConfig(learn_overhead=False)))
+    assert res[0].output_ids == answer
+    three = [s for s in prop.seen if s[0] == 4]
+    assert three, "no step proposed the three-node tree"
+    for size, path, rows, new, drafted in three:
+        assert path[:3] == [0, 2, 3][:len(path)] and 1 not in rows and rows == [0, 2, 3]
+        assert new[:len(drafted)] == drafted
