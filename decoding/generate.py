@@ -308,10 +308,14 @@ class _Batch:
 
     def retire_finished(self) -> list[Sequence]:
         """Record and free the sequences that finished; return the active ones."""
-        for s in [s for s in self.live if s.finish is not None]:
-            self.results[s.state.sid] = GenerationResult(s.output, s.finish, s.state.prompt_len, s.stats)
-            self._drop(s)
-        return list(self.live)
+        live = []
+        for s in list(self.live):  # a plain loop: see decode_step
+            if s.finish is None:
+                live.append(s)
+            else:
+                self.results[s.state.sid] = GenerationResult(s.output, s.finish, s.state.prompt_len, s.stats)
+                self._drop(s)
+        return live
 
     def release(self) -> None:
         for s in list(self.live):

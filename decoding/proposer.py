@@ -208,7 +208,8 @@ class Sequence:
 
     def append(self, tokens: list[int], eos: set[int]) -> list[int]:
         """Append until EOS (kept) or max_new_tokens; returns what was appended."""
-        added, room, seq = [], self.remaining, self.state.tokens
+        seq = self.state.tokens
+        added, room = [], self.max_new_tokens - (len(seq) - self.state.prompt_len)  # self.remaining, inline
         for t in tokens[:max(room, 0)]:
             seq.append(t)
             added.append(t)
