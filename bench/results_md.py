@@ -69,13 +69,13 @@ RUNS = [
      "task, one round (no --repeats: each speedup is one run's ratio, so read differences under about 10% "
      "as noise). The product-form table was re-tuned on the quiet machine just before (a table tuned under "
      "load had halved `ar`'s speed in an earlier run that day)."),
-    ("bench/results/2026-11-28-cpu-host-split/compare-hf-after-1/results.json",
-     "Two prompts per task beside transformers, the default native weights, one round, after a runner's own "
-     "CPU step was packed and its K/V committed in one call each (the run paired with the session's start code "
-     "before it, both planning with one pinned step-cost curve: compare-hf-before-1/ beside it). In the loop "
-     "the pack phase halved in every method and the host work fell by 0.02-0.08 ms a step; the forwards drifted "
-     "by more (4-6%) between the two runs, so the speedups are one pair's. Every output identical to `ar`'s. "
-     "Texts, token ids and answers removed; the run directory's NOTES.md has the host split and the tables."),
+    ("bench/results/2026-11-28-cpu-cold-host/compare-hf-after-1/results.json",
+     "Two prompts per task beside transformers, the default native weights, one round, after the loop's step "
+     "was rewritten to run 31-48% fewer Python calls (the run paired with the session's start code before it, "
+     "both planning with one pinned step-cost curve: compare-hf-before-1/ beside it). In the loop the verify "
+     "phase fell by 0.01-0.02 ms a step in every method; the host totals moved by -0.02 to +0.04 ms, within the "
+     "two runs' drift, so the speedups are one pair's. Every output identical to `ar`'s. Texts, token ids and "
+     "answers removed; the run directory's NOTES.md has the tables."),
     ("bench/results/2026-11-28-cpu-ranked-head/ab/now-1/results.json",
      "One prompt per task, the default native weights, one round, after the work around a step's layers left "
      "Python (the head ranks its own logits, the attention plan and RoPE without per-step torch ops, the final "
