@@ -217,7 +217,8 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
         reduced = runner.step_greedy(inputs, proposer.top_k, None if clock is None else mark)
     else:
         reduced = [(lg, None, None) for lg in runner.step(inputs, None if clock is None else mark)]
-    verdicts, own = [], greedy and type(proposer).verify is Proposer.verify
+    # the common rule, not overridden by the proposer's class or on the object itself
+    verdicts, own = [], greedy and getattr(proposer.verify, "__func__", None) is Proposer.verify
     for st, t, r, (lg, top1, _) in zip(states, sent, rows, reduced):
         if own:  # verify's greedy walk: each accepted node's argmax is its child's token
             children, node, path = t.children, 0, [0]
@@ -233,7 +234,7 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
         accepted[sid] = path
     runner.commit(accepted)
     mark("commit")
-    outcomes, learns = [], type(proposer).update is not Proposer.update  # ar and pld learn nothing
+    outcomes, learns = [], getattr(proposer.update, "__func__", None) is not Proposer.update  # ar, pld: nothing
     for b, (s, tree, t, r, (path, bonus), (lg, top1, topk)) in enumerate(zip(active, trees, sent, rows, verdicts,
                                                                             reduced)):
         tokens, gained = t.tokens, []

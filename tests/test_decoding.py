@@ -715,3 +715,23 @@ def test_a_planned_subtree_outcome_names_the_proposers_nodes(tiny_torch, verify)
     for size, path, rows, new, drafted in three:
         assert path[:3] == [0, 2, 3][:len(path)] and 1 not in rows and rows == [0, 2, 3]
         assert new[:len(drafted)] == drafted
+
+
+def test_a_verify_or_update_set_on_the_proposer_object_is_called(tiny_torch):
+    """The loop skips the base class's no-op ``update`` and walks the common greedy rule itself, but
+    a ``verify`` or ``update`` put on the object (a wrapper, a spy) is called as a subclass's is."""
+    calls = {"verify": 0, "update": 0}
+    prop = make_proposer("pld")
+    base_verify = prop.verify
+
+    def verify(*args, **kwargs):
+        calls["verify"] += 1
+        return base_verify(*args, **kwargs)
+
+    def update(state, outcome):
+        calls["update"] += 1
+
+    prop.verify, prop.update = verify, update
+    res = generate(tiny_torch, TINY_PROMPTS[:1], prop, max_new_tokens=6, eos_token_ids=())
+    steps = res[0].stats.forwards
+    assert steps > 0 and calls == {"verify": steps, "update": steps}
