@@ -18,6 +18,7 @@ from decoding.planner import Planner
 from decoding.proposer import Budget, Context, Outcome, Proposer, Sequence, SeqState
 from decoding.sampling import SamplingParams, probs_from_logits, sample
 from decoding.stats import SeqStats, StepClock
+from decoding.verify import greedy_path
 from models.llama import Transformer
 from models.runner import ModelRunner, StepInput
 
@@ -172,8 +173,8 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
     update. A planner sends a subtree of each proposed tree; outcomes name the proposer's nodes.
     ``clock`` is told when each phase ends.
 
-    Written as plain loops, one per phase, with the greedy walk inline for a proposer that keeps
-    the common ``verify``: in this Python each comprehension and each function is a code object
+    Written as plain loops, one per phase, calling the greedy walk directly for a proposer that
+    keeps the common ``verify``: in this Python each comprehension and each function is a code object
     of its own, and after a forward every one the step touches costs its lines from memory
     (bench/results/2026-11-28-cpu-cold-host/NOTES.md)."""
     mark = _no_mark
@@ -220,12 +221,8 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
     # the common rule, not overridden by the proposer's class or on the object itself
     verdicts, own = [], greedy and getattr(proposer.verify, "__func__", None) is Proposer.verify
     for st, t, r, (lg, top1, _) in zip(states, sent, rows, reduced):
-        if own:  # verify's greedy walk: each accepted node's argmax is its child's token
-            children, node, path = t.children, 0, [0]
-            while (child := children[node].get(top1[r[node]])) is not None:
-                path.append(child)
-                node = child
-            verdicts.append((path, top1[r[node]]))
+        if own:  # verify's greedy rule, called directly
+            verdicts.append(greedy_path(t, r, top1))
         else:
             verdicts.append(proposer.verify(st, t, lg, r, ctx.sampling, top1=top1))  # top1: None when sampling
     mark("verify")

@@ -30,21 +30,21 @@ def verify(tree: StepTree, logits: torch.Tensor, rows: dict[int, int], sampling:
     every candidate node that was sent; ``top1``: the argmax of every row when the caller has
     it (greedy). Returns (accepted path, root first; bonus token)."""
     if sampling.greedy:  # argmax of every row (no gathered copy of the rows), then picked
-        if top1 is None:
-            top1 = argmax_rows(logits_tensor(logits))
-        # verify_greedy along the path alone: only its nodes' argmaxes are read (each a sent
-        # candidate, so a row), and a step's calls cost microseconds each (decoding/compiled.py)
-        children, node, path = tree.children, 0, [0]
-        while True:
-            token = top1[rows[node]]
-            child = children[node].get(token)
-            if child is None:
-                return path, token
-            path.append(child)
-            node = child
+        return greedy_path(tree, rows, argmax_rows(logits_tensor(logits)) if top1 is None else top1)
     nodes = [n for n in rows if tree.candidate[n]]
     probs = probs_from_logits(logits_tensor(logits)[[rows[n] for n in nodes]], sampling)
     return verify_sampling(tree, dict(zip(nodes, probs)), generator)
+
+
+def greedy_path(tree: StepTree, rows: dict[int, int], top1: list[int]) -> tuple[list[int], int]:
+    """``verify_greedy`` along the path alone, from every row's argmax ``top1`` (``rows[node]``:
+    the node's row): only the path's nodes are read (each a sent candidate, so a row). The loop
+    calls it directly for a proposer that keeps the common ``verify`` (decode_step)."""
+    children, node, path = tree.children, 0, [0]
+    while (child := children[node].get(top1[rows[node]])) is not None:
+        path.append(child)
+        node = child
+    return path, top1[rows[node]]
 
 
 def verify_greedy(tree: StepTree, next_tokens: list[int]) -> tuple[list[int], int]:

@@ -167,13 +167,13 @@ def test_draft_model_rule(scripted):
 
 
 def test_verify_greedy_walk_equals_verify_greedy_on_random_trees():
-    """decoding.verify.verify's greedy branch (which walks the accepted path reading its rows'
-    argmaxes alone) against verify_greedy of every candidate's argmax: random trees, rows in
+    """decoding.verify.verify's greedy branch and greedy_path (which walk the accepted path reading
+    its rows' argmaxes alone) against verify_greedy of every candidate's argmax: random trees, rows in
     any order, top-1 tokens that follow the tree often."""
     import random
 
     from decoding.sampling import SamplingParams
-    from decoding.verify import verify
+    from decoding.verify import greedy_path, verify
 
     rng = random.Random(3)
     greedy = SamplingParams()
@@ -193,3 +193,4 @@ def test_verify_greedy_walk_equals_verify_greedy_on_random_trees():
         top1 = [rng.randrange(4) for _ in nodes]
         expect = verify_greedy(t, {n: top1[rows[n]] for n in nodes if t.candidate[n]})
         assert verify(t, None, rows, greedy, None, top1) == expect
+        assert greedy_path(t, rows, top1) == expect  # what the loop calls for the common verify
