@@ -1,7 +1,7 @@
 """A step's host work alone: every method's decoding replayed without the model's forward.
 
     python bench/host_step.py [--methods ar,pld,...] [--limit 1] [--batch-size 1] [--no-plan]
-                              [--step-cost FILE] [--repeats 3] [--cold MB] [--out DIR]
+                              [--step-cost FILE] [--repeats 3] [--cold MB] [--calls] [--out DIR]
 
 The forward is replaced by an oracle that knows each prompt's greedy answer (computed once
 with ``ar`` and the real forward, cached): a node whose path follows that answer gets its
@@ -19,7 +19,9 @@ same minute as the code before it. In the real loop the forward streams the weig
 caches, and the host work after it finds its code and objects cold (several times slower per
 call than hot); ``--cold MB`` has the oracle read that many megabytes in each step's place of the
 forward (the default model's weights: about 100), so the host phases are timed as the real loop
-sees them.
+sees them. The times drift with the machine (up to 2x within the hour); ``--calls`` adds each
+method's Python calls a step by phase, counted under a profiler, which do not: after a forward
+each call pays its lines from memory, so the count is what a change to the host path takes out.
 """
 
 import argparse
@@ -115,23 +117,62 @@ def answers_for(model, prompts: list[list[int]], max_new_tokens: int) -> list[li
     return [list(p) + r.output_ids for p, r in zip(prompts, out)]
 
 
+def _counting_clock():
+    """A ``StepClock`` that also counts the Python calls (functions and comprehensions: the
+    profiler's "call" events) of each host phase, as its time is counted: from a step's start
+    to the pack mark and from the forward mark to the update mark; the forward's place (the
+    oracle's lookup), the prefill and the loop between steps are not counted, nor the counting
+    clock's own overrides (the plain clock's methods are: the loop runs them)."""
+    from decoding.stats import PHASES, StepClock
+
+    class CountingClock(StepClock):
+        def __init__(self):
+            super().__init__()
+            self.calls = dict.fromkeys(PHASES, 0)
+            self._n, self._on = 0, False
+            self._own = {CountingClock.start.__code__, CountingClock.mark.__code__, CountingClock._count.__code__}
+
+        def _count(self, frame, event, arg):
+            if event == "call" and self._on and frame.f_code not in self._own:
+                self._n += 1
+
+        def start(self, device=None) -> None:
+            super().start(device)
+            self._n, self._on = 0, True
+
+        def mark(self, phase: str) -> None:
+            super().mark(phase)
+            self.calls[phase] += self._n
+            self._n, self._on = 0, phase not in ("pack", "update")
+
+    return CountingClock()
+
+
 def run_method(model, name: str, batches: list[list[list[int]]], answers: list[list[int]], max_new_tokens: int,
-               cost, plan: bool, flush: Optional[torch.Tensor] = None) -> dict:
+               cost, plan: bool, flush: Optional[torch.Tensor] = None, calls: bool = False) -> dict:
     """One round of ``name`` over the batches under the oracle: host ms per step by phase,
-    tau, and whether every output equals ``ar``'s."""
+    tau, and whether every output equals ``ar``'s. ``calls``: count the Python calls of each
+    host phase instead (``calls``: per step by phase; deterministic; the times are then the
+    profiler's, not the loop's)."""
     from decoding import generate, make_proposer
     from decoding.planner import Planner, PlannerConfig
     from decoding.stats import StepClock
 
-    clock, forwards, tokens, identical, start = StepClock(), 0, 0, True, 0
+    clock, forwards, tokens, identical, start = _counting_clock() if calls else StepClock(), 0, 0, True, 0
     t0 = time.perf_counter()
     for batch in batches:
         refs = answers[start:start + len(batch)]
         runner = OracleRunner(model, dict(enumerate(refs)), flush,
                               cache_tokens=16 * sum(-(-(len(p) + max_new_tokens + 256) // 16) for p in batch))
         planner = Planner(cost, PlannerConfig(learn_overhead=False)) if plan and name != "ar" else None
-        out = generate(model, batch, make_proposer(name), max_new_tokens=max_new_tokens, planner=planner,
-                       runner=runner, step_clock=clock)
+        if calls:
+            sys.setprofile(clock._count)
+        try:
+            out = generate(model, batch, make_proposer(name), max_new_tokens=max_new_tokens, planner=planner,
+                           runner=runner, step_clock=clock)
+        finally:
+            if calls:
+                sys.setprofile(None)
         for r, p, ref in zip(out, batch, refs):
             identical &= list(p) + r.output_ids == ref
             forwards += r.stats.forwards
@@ -139,6 +180,9 @@ def run_method(model, name: str, batches: list[list[list[int]]], answers: list[l
         start += len(batch)
     per = clock.per_step()
     per.pop("forward")
+    if calls:
+        per["calls"] = {k: v / max(clock.steps, 1) for k, v in clock.calls.items() if k != "forward"}
+        per["calls"]["host"] = sum(per["calls"].values())
     return dict(per, wall_s=time.perf_counter() - t0, tau=(tokens - len(answers)) / max(forwards, 1),
                 identical=identical, sequences=len(answers))
 
@@ -165,6 +209,9 @@ def parse_args(argv=None):
     p.add_argument("--cold", type=int, default=0, metavar="MB",
                    help="read this many megabytes in each step's place of the forward, leaving the caches as cold as "
                         "a forward does (default 0: off)")
+    p.add_argument("--calls", action="store_true",
+                   help="also count each method's Python calls a step by phase, in one more round under a "
+                        "profiler (deterministic, unlike the times: the measure of what a change took out)")
     p.add_argument("--out", default=None, help="also write host_step.json there")
     args = p.parse_args(argv)
     for name in ("limit", "batch_size", "max_new_tokens", "repeats"):
@@ -232,6 +279,20 @@ def main(argv=None) -> dict:
         per_seq = r["host"] / min(args.batch_size, len(prompts))
         print(f"| {m} | {path} | " + " | ".join(f"{r[p]:.3f}" for p in phases)
               + f" | {r['host']:.3f} | {per_seq:.3f} | {r['tau']:.2f} | {'yes' if r['identical'] else 'NO'} |")
+    if args.calls:
+        print(f"\nPython calls a step (one round under a profiler; the same every run), {len(prompts)} prompts")
+        print(f"| method | path | {' | '.join(phases)} | host |")
+        print("|---" * (len(phases) + 3) + "|")
+        for (m, path), r in best.items():
+            compiled.use_compiled(path == "compiled")
+            try:
+                counted = run_method(loaded.model, m, batches, answers, args.max_new_tokens, cost, not args.no_plan,
+                                     flush, calls=True)["calls"]
+            finally:
+                compiled.use_compiled(before)
+            r["calls"] = counted
+            print(f"| {m} | {path} | " + " | ".join(f"{counted[p]:.1f}" for p in phases)
+                  + f" | {counted['host']:.1f} |")
     result = dict(args=vars(args), methods={f"{m} {path}": r for (m, path), r in best.items()})
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)

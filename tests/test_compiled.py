@@ -247,6 +247,11 @@ def test_host_step_replays_methods_on_both_paths_with_the_same_plans(smol, smol_
 
         cold = run_method(model, "pld", [prompts], answers, 12, cost, plan=True, flush=Flush())
         assert cold["identical"] and Flush.reads == cold["steps"] > 0  # one batch step a forward
+        # --calls: each host phase's Python calls a step, the same every run, the clock's mark among them
+        counted = [run_method(model, m, [prompts], answers, 12, cost, plan=True, calls=True)["calls"]
+                   for m in ("pld", "pld", "ar")]
+        assert counted[0] == counted[1] and all(counted[0][p] >= 1 for p in counted[0])
+        assert counted[0]["host"] == sum(v for p, v in counted[0].items() if p != "host") > counted[2]["host"]
     finally:
         compiled.use_compiled(before)
 
