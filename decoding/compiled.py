@@ -279,7 +279,7 @@ class PlannerCore:
         self._flat = self._flat_ext = None
         plain, total, longest = self._ext is not None, B, planner.cfg.max_tokens
         for t in trees:  # the sizes, and whether any tree has pinned nodes or a proposer's own chances
-            n = len(t)
+            n = len(t.tokens)  # not len(t): StepTree.__len__ is a call of its own
             total += n
             longest = n if n > longest else longest
             plain = plain and not t.pinned and not t.chance

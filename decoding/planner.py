@@ -408,7 +408,9 @@ class Planner:
     def select(self, sids: list[int], trees: list[StepTree]) -> list[list[int]]:
         """Per tree, the nodes to send (increasing, root first, closed under parents)."""
         if self._core is not None:
-            pinned = [sorted(_closed(tree, tree.pinned)) if tree.pinned else [] for tree in trees]
+            pinned = []  # a plain loop: a comprehension is a call of its own (decode_step)
+            for tree in trees:
+                pinned.append(sorted(_closed(tree, tree.pinned)) if tree.pinned else [])
             done = self._core.select(self, sids, trees, pinned)
             if done is not None:
                 chosen, expected = done
