@@ -280,7 +280,8 @@ def main(argv=None) -> dict:
         print(f"| {m} | {path} | " + " | ".join(f"{r[p]:.3f}" for p in phases)
               + f" | {r['host']:.3f} | {per_seq:.3f} | {r['tau']:.2f} | {'yes' if r['identical'] else 'NO'} |")
     if args.calls:
-        print(f"\nPython calls a step (one round under a profiler; the same for the same command), {len(prompts)} prompts")
+        print(f"\nPython calls a step (one round under a profiler; the same for the same command), "
+              f"{len(prompts)} prompts")
         print(f"| method | path | {' | '.join(phases)} | host |")
         print("|---" * (len(phases) + 3) + "|")
         for (m, path), r in best.items():
