@@ -426,7 +426,8 @@ class CSuffixTrie:
                 return
             buf = array("i", tail)
             rc = self._extend(self._t, buf.buffer_info()[0], len(buf))
-        _suffix_rc(rc, "extend")
+        if rc < 0:  # the check only on a failure: a call is a step's cost (decoding/compiled.py)
+            _suffix_rc(rc, "extend")
 
     def new_stream(self) -> None:
         _suffix_rc(self._lib.suffix_new_stream(self._t), "new_stream")
@@ -589,7 +590,8 @@ class CNgramPool:
                                   top1, root, HARVEST, from_output)
         if done is None:
             return None
-        _ok(done[0], "CNgramPool.window_update")
+        if done[0] < 0:
+            _ok(done[0], "CNgramPool.window_update")
         return done[1], done[2]
 
     def items(self, key: int) -> list[tuple[tuple, int]]:
@@ -674,7 +676,8 @@ class CTable:
         rc = glue.learn(self._refresh_at, self._h, tokens, rows, path, top)
         if rc is None:
             return False
-        _ok(rc, "CTable.refresh")
+        if rc < 0:
+            _ok(rc, "CTable.refresh")
         return True
 
     def __setitem__(self, tok: int, row) -> None:
@@ -769,7 +772,8 @@ class CHistory:
         if rc is None:
             a = array("i", tokens[tail_start(tokens, start):])
             rc = self._append(self._h, _ptr(a), len(a))
-        _ok(rc, "CHistory.extend")
+        if rc < 0:
+            _ok(rc, "CHistory.extend")
 
     def sync(self, tokens) -> None:
         """Append what ``tokens`` holds beyond this history (which is its prefix)."""
