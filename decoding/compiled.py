@@ -248,9 +248,9 @@ class PlannerCore:
         accs = self._prepare(planner, sids, B + m, m)
         if self._ext is not None:
             return self._ext.max_depth(self._fn["max_depth"], self._cfg_at, self._cost_at, accs[1], B, sources,
-                                       planner.calibration)
+                                       planner._calibration)
         out = array("i", bytes(4 * B))
-        rc = self.lib.planner_max_depth(self._cfg_at, self._cost_at, accs[0], B, sources, planner.calibration,
+        rc = self.lib.planner_max_depth(self._cfg_at, self._cost_at, accs[0], B, sources, planner._calibration,
                                         _ptr(out))
         if rc != 0:
             return None
@@ -286,7 +286,7 @@ class PlannerCore:
         accs = self._prepare(planner, sids, total, longest + 1)
         if plain:
             done = self._ext.select(self._fn["select"], self._cfg_at, self._cost_at, accs[1], trees,
-                                    planner.calibration, planner.window_rate)
+                                    planner._calibration, planner._window_rate)
             if done is not None:
                 self._flat_ext = (trees, done[2])
                 return done[0], done[1]
@@ -308,8 +308,8 @@ class PlannerCore:
         rc = self.lib.planner_select(self._cfg_at, self._cost_at, accs[0], B,
                                      _ptr(offsets), _ptr(parents), _ptr(depths), _ptr(sources), _ptr(group),
                                      _ptr(candidate), None if pin is None else _ptr(pin),
-                                     None if chance is None else _ptr(chance), planner.calibration,
-                                     planner.window_rate, _ptr(kept), _ptr(n_kept), _ptr(expected))
+                                     None if chance is None else _ptr(chance), planner._calibration,
+                                     planner._window_rate, _ptr(kept), _ptr(n_kept), _ptr(expected))
         if rc != 0:
             return None
         return [kept[o:o + n].tolist() for o, n in zip(offsets, n_kept)], expected.tolist()

@@ -315,6 +315,9 @@ class Planner:
         # for the benchmark: totals over the steps (seq_steps = sequences x steps)
         self.log = dict(steps=0, seq_steps=0, step_tokens=0, expected_tokens=0.0, new_tokens=0,
                         predicted_ms=0.0, measured_ms=0.0, one_token_ms=0.0)
+        # ``calibration`` and ``window_rate`` as of the last step, for the compiled calls: set where
+        # their sums change, so that a step reads two numbers rather than calls two properties
+        self._calibration, self._window_rate = self.calibration, self.window_rate
 
     # ---- estimates --------------------------------------------------------------------------
     def acceptance(self, sid: int) -> Acceptance:
@@ -485,6 +488,7 @@ class Planner:
             self.window_columns += columns
         else:
             self._observe_ref(tree, acc, on_path, outcome)
+        self._window_rate = self.window_rate
         self._learn_step(sid, acc, outcome)
 
     def observe_all(self, sids: list[int], outcomes: list[Outcome]) -> None:
@@ -497,18 +501,33 @@ class Planner:
             return
         self.window_credit += done[0]
         self.window_columns += done[1]
-        seq_acc = self.seq_acc
-        for sid, outcome in zip(sids, outcomes):
-            self._learn_step(sid, seq_acc[sid] if sid in seq_acc else self.acceptance(sid), outcome)
+        c = self.cfg  # window_rate, written out (a call costs: compiled.py)
+        self._window_rate = (self.window_credit + c.window_rate * c.window_weight) / (self.window_columns
+                                                                                      + c.window_weight)
+        seq_acc, sent, cal, calibrate = self.seq_acc, self._sent_expect, self._cal, c.calibrate
+        for sid, outcome in zip(sids, outcomes):  # _learn_step, written out
+            accepted = len(outcome.path) - 1
+            (seq_acc[sid] if sid in seq_acc else self.acceptance(sid)).streak = accepted > 0
+            self.version += 1
+            expected = sent.pop(sid, 0.0)
+            if expected > 0:
+                cal[0] = CAL_DECAY * cal[0] + expected
+                cal[1] = CAL_DECAY * cal[1] + accepted
+                if calibrate:
+                    self._calibration = min(1.0, max(CAL_FLOOR, (cal[1] + CAL_WEIGHT) / (cal[0] + CAL_WEIGHT)))
 
     def _learn_step(self, sid: int, acc: Acceptance, outcome: Outcome) -> None:
         """After a sequence's trials: its streak and the calibration of what its step promised."""
-        acc.streak = outcome.accepted > 0
+        accepted = len(outcome.path) - 1  # outcome.accepted, written out
+        acc.streak = accepted > 0
         self.version += 1
         expected = self._sent_expect.pop(sid, 0.0)
         if expected > 0:  # steps that sent drafts: what their estimates promised against what came
-            self._cal[0] = CAL_DECAY * self._cal[0] + expected
-            self._cal[1] = CAL_DECAY * self._cal[1] + outcome.accepted
+            cal = self._cal
+            cal[0] = CAL_DECAY * cal[0] + expected
+            cal[1] = CAL_DECAY * cal[1] + accepted
+            if self.cfg.calibrate:  # calibration, written out
+                self._calibration = min(1.0, max(CAL_FLOOR, (cal[1] + CAL_WEIGHT) / (cal[0] + CAL_WEIGHT)))
 
     def _observe_ref(self, tree: StepTree, acc: Acceptance, on_path: set[int], outcome: Outcome) -> None:
         for n in outcome.rows:

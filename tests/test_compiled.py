@@ -87,6 +87,8 @@ def outcome_of(rng: random.Random, tree: StepTree, keep: list[int]) -> Outcome:
 def same_state(ref: Planner, fast: Planner, keys: set) -> None:
     assert (ref.window_credit, ref.window_columns, ref._cal, ref.log) == \
            (fast.window_credit, fast.window_columns, fast._cal, fast.log)
+    for plan in (ref, fast):  # what the compiled calls read, kept as the properties say
+        assert (plan._calibration, plan._window_rate) == (plan.calibration, plan.window_rate)
     for sid, acc in ref.seq_acc.items():
         other = fast.seq_acc[sid]
         assert acc.streak == other.streak
