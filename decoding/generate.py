@@ -240,10 +240,15 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
         gained.append(bonus)
         new = s.append(gained, eos)
         if keep is not None and len(keep[b]) != len(tree.tokens):  # the sent subtree's nodes named as the proposer's
-            k = keep[b]
-            path, r = [k[n] for n in path], {k[n]: j for n, j in r.items()}
+            k, named, renamed = keep[b], [], {}
+            for n in path:
+                named.append(k[n])
+            for n, j in r.items():
+                renamed[k[n]] = j
+            path, r = named, renamed
         outcome = Outcome(tree=tree, path=path, new_tokens=new, logits=lg, rows=r, sent=len(tokens))
-        outcomes.append(outcome.reduced(top1, topk))
+        outcome._top1, outcome._topk = top1, topk  # Outcome.reduced, written out
+        outcomes.append(outcome)
         if learns:
             proposer.update(s.state, outcome)
     if planner is not None:
