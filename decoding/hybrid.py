@@ -147,9 +147,28 @@ class Hybrid(LookaheadPLD):
         state.table.grow(self.buf, widths, b.max_depth, b.max_nodes, RECYCLE)
 
     def update(self, state: HybridState, outcome: Outcome) -> None:
-        super().update(state, outcome)
-        learn_from(state.table, outcome, self.hcfg.recycle.top_k)
-        sync(state)
+        """Lookahead's update, ``learn_from`` and ``sync``. Where all three run compiled (a greedy
+        step's argmax and top-k at hand), their calls of the C glue are made here, written out: a
+        step pays for each Python function it goes through (decoding/compiled.py)."""
+        cfg, top1, topk, k = self.cfg, outcome._top1, outcome._topk, self.hcfg.recycle.top_k
+        table, pool = state.table, state.pool
+        if (top1 is None or topk is None or not topk or len(topk[0]) != k or isinstance(table, dict)
+                or self.buf is None or cfg.window_shift != "one"):
+            super().update(state, outcome)
+            learn_from(table, outcome, k)
+            sync(state)
+            return
+        slid = pool.window_update(state.tokens, len(outcome.new_tokens), state.levels, state.real, state.tips,
+                                  outcome.rows, [] if state.tips is None else top1, outcome.tree.tokens[0],
+                                  cfg.pool_from_output)
+        if slid is None:  # the glue did not take it: the pool is unchanged, Lookahead's Python runs
+            super().update(state, outcome)
+        else:
+            state.levels, state.real = slid
+        if not table.learn(outcome.tree.tokens, outcome.rows, outcome.path, topk):
+            learn_from(table, outcome, k)
+        state.trie.extend_from(state.tokens, state.indexed)  # sync
+        state.indexed = len(state.tokens)
 
     def end(self, state: SeqState) -> None:
         if self.store is not None:

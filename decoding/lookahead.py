@@ -226,7 +226,7 @@ class Lookahead(Proposer[LookaheadState]):
         cfg = self.cfg
         if self.buf is not None and cfg.window_shift == "one" and (slid := state.pool.window_update(
                 state.tokens, len(outcome.new_tokens), state.levels, state.real, state.tips, outcome.rows,
-                [] if state.tips is None else outcome.row_argmax(), outcome.tree.tokens[0],
+                [] if state.tips is None else outcome._top1 or outcome.row_argmax(), outcome.tree.tokens[0],
                 cfg.pool_from_output)) is not None:
             state.levels, state.real = slid  # the compiled path: the work below in one call of the C glue
             return
