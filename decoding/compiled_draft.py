@@ -178,7 +178,7 @@ class TreeBuf:
         n = self.args.n
         flat = (self.parents[:n], self.depths[:n], self.sources[:n], self.group[:n], self.candidate[:n])
         tree = BuiltTree(self.tokens[:n].tolist(), flat[0].tolist(), flat[1].tolist(), flat[2].tolist(),
-                         [c == 1 for c in flat[4]], flat[3].tolist(), self._links[0][:n], self._links[1][:n])
+                         list(map(bool, flat[4])), flat[3].tolist(), self._links[0][:n], self._links[1][:n])
         tree.flat = flat
         return tree
 
@@ -286,20 +286,13 @@ class BuiltTree(StepTree):
         self.extra_logits: set[int] = set()
         self.chance: dict[int, float] = {}
         self.pinned: set[int] = set()
-        self._children = NodeChildren(tokens, first, after)
+        # an attribute, not a property: verification reads it every step (a property is a call)
+        self.children = NodeChildren(tokens, first, after)
         self.flat: Optional[tuple[array, ...]] = None
 
-    @property
-    def children(self):
-        return self._children
-
-    @children.setter
-    def children(self, value: list[dict[int, int]]) -> None:
-        self._children = value
-
     def _new(self, parent: int, token: int, source: int, candidate: bool, group: int = -1) -> int:
-        if isinstance(self._children, NodeChildren):  # a list of dicts from now on
-            self._children = [dict(kids) for kids in self._children]
+        if isinstance(self.children, NodeChildren):  # a list of dicts from now on
+            self.children = [dict(kids) for kids in self.children]
         self.flat = None
         return super()._new(parent, token, source, candidate, group)
 

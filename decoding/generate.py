@@ -186,7 +186,7 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
         st = s.state
         states.append(st)
         sids.append(st.sid)
-        depth.append(s.remaining - 1)
+        depth.append(s.max_new_tokens - (len(st.tokens) - st.prompt_len) - 1)  # s.remaining - 1
         contexts.append(len(st.tokens) - 1)  # st.committed
     budgets = []
     if planner is None:

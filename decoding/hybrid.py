@@ -88,8 +88,9 @@ class Hybrid(LookaheadPLD):
 
     def propose(self, states: list[HybridState], budgets: list[Budget], ctx: Context) -> list[StepTree]:
         h = self.hcfg
-        capped = [Budget(max_depth=b.max_depth, max_nodes=min(b.max_nodes, h.max_nodes), planned=b.planned)
-                  for b in budgets]
+        capped = []
+        for b in budgets:  # a plain loop: a comprehension is a call of its own (decode_step)
+            capped.append(Budget(max_depth=b.max_depth, max_nodes=min(b.max_nodes, h.max_nodes), planned=b.planned))
         if self.buf is not None:
             return self.propose_compiled(states, capped, ctx)
         # own suffix continuations (grow_first), prompt lookup, pool n-grams, the window

@@ -183,14 +183,15 @@ class Lookahead(Proposer[LookaheadState]):
         W, N = cfg.window, cfg.ngram
         trees = []
         for s, b in zip(states, budgets):
-            d, cap = b.max_depth, min(cfg.max_verify, b.max_nodes)
-            window = s.committed + W + N - 3 < ctx.max_context
+            d, cap, tokens = b.max_depth, min(cfg.max_verify, b.max_nodes), s.tokens
+            window = len(tokens) - 1 + W + N - 3 < ctx.max_context  # s.committed and s.root, written out
             parts = self.compiled_sources(s, b) if self.one_call else None
             if parts is not None:  # the same calls, in this order, in one call of the library
-                buf.ensure(b.max_nodes + 1 + W * (N - 1))
-                s.tips = buf.draft(parts, s.root, d, max(cap, 0), max(b.max_nodes, 0), s.levels if window else None)
+                if b.max_nodes + 1 + W * (N - 1) > buf.cap:  # buf.ensure, only where it grows
+                    buf.ensure(b.max_nodes + 1 + W * (N - 1))
+                s.tips = buf.draft(parts, tokens[-1], d, max(cap, 0), max(b.max_nodes, 0), s.levels if window else None)
             else:
-                buf.start(s.root, b.max_nodes + 1 + W * (N - 1))
+                buf.start(tokens[-1], b.max_nodes + 1 + W * (N - 1))
                 if d > 0:
                     self.first_compiled(s, d, cap)
                     self.extra_compiled(s, d, cap)

@@ -164,11 +164,13 @@ class PromptLookup(Proposer[SeqState]):
         if self.buf is not None:
             buf, parts, trees, bound = self.buf, self.parts, [], self.cfg.num_candidates * self.cfg.num_draft
             for s, b in zip(states, budgets):
-                buf.ensure(min(b.max_nodes, bound) + 1)
+                cap = min(b.max_nodes, bound) + 1
+                if cap > buf.cap:  # buf.ensure, only where it grows (each call is a step's cost)
+                    buf.ensure(cap)
                 if b.max_depth > 0:  # add_lookups in one call of the library
                     hist = self.host.of(s)
                     parts.hist, parts.keep["hist"] = hist._h, hist  # set_history's handle, its arguments set once
-                buf.draft(parts, s.root, b.max_depth, max(b.max_nodes, 0), 0, None)
+                buf.draft(parts, s.tokens[-1], b.max_depth, max(b.max_nodes, 0), 0, None)  # s.root
                 trees.append(buf.step_tree())
             return trees
         trees = [StepTree.root(s.root) for s in states]
