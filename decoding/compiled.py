@@ -283,7 +283,12 @@ class PlannerCore:
             total += n
             longest = n if n > longest else longest
             plain = plain and not t.pinned and not t.chance
-        accs = self._prepare(planner, sids, total, longest + 1)
+        ready = self._ready  # _prepare's test of whether all is ready, written out (a call is a step's cost)
+        if ready is not None and ready[1] is planner.contexts and ready[2] == planner.version and \
+                ready[0] == sids and len(self.curve) > total and (not self.has_slope or len(self.slope) > longest + 1):
+            accs = ready[3]  # as the step's max_depth left it
+        else:
+            accs = self._prepare(planner, sids, total, longest + 1)
         if plain:
             done = self._ext.select(self._fn["select"], self._cfg_at, self._cost_at, accs[1], trees,
                                     planner._calibration, planner._window_rate)
@@ -348,8 +353,10 @@ class PlannerCore:
                 if o.tree is not t:
                     break
             else:
-                done = self._ext.observe_all(self._fn["observe_batch"], self._cfg_at, self._prepare(planner, sids)[1],
-                                             fx[1], outcomes)
+                ready = self._ready  # _prepare's test, written out: select left all of it ready
+                ready = ready[3] if ready is not None and ready[1] is planner.contexts and \
+                    ready[2] == planner.version and ready[0] == sids else self._prepare(planner, sids)
+                done = self._ext.observe_all(self._fn["observe_batch"], self._cfg_at, ready[1], fx[1], outcomes)
                 if done is not None:
                     return done
             self._flat = self.flatten(fx[0])
