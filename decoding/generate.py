@@ -213,7 +213,7 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
         rows.append(r)
         inputs.append(StepInput(sids[b], t.tokens, t.depths, None, list(r), None if t.is_chain() else t.parents))
     mark("plan")
-    greedy = ctx.sampling.greedy
+    greedy = ctx.sampling.temperature == 0.0  # ctx.sampling.greedy, written out
     if greedy:  # the argmax / top-k of every row, and the logits only if asked for
         reduced = runner.step_greedy(inputs, proposer.top_k, None if clock is None else mark)
     else:
