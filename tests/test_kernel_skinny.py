@@ -66,6 +66,40 @@ def test_the_two_builds_differ_only_by_rounding():
     assert not torch.equal(got["avx2"], got["avx512"])
 
 
+@pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
+def test_the_two_builds_attend_bit_for_bit_alike(half):
+    """The decoding attention sums each score and each weighted value in one order on both builds:
+    the AVX-512 build's 512-bit FMAs hold two keys' same 8 dimensions (scores) or 16 dimensions
+    (values) a register, each lane the AVX2 build's operations. Rows, heads, keys and masks of
+    several shapes, and head sizes with a tail of 8 dimensions (the value sums' 8-wide part)."""
+    if len(skinny.cpu_isas()) < 2:
+        pytest.skip(f"this CPU runs only {', '.join(skinny.cpu_isas())}")
+    g = torch.Generator().manual_seed(11)
+    before = skinny.isa()
+    try:
+        for t, h, kv, d, length, mode in ((1, 9, 3, 64, 300, "causal"), (8, 9, 3, 64, 515, "mask"),
+                                          (5, 4, 2, 40, 77, "none"), (16, 6, 1, 128, 200, "causal"),
+                                          (3, 8, 8, 96, 130, "mask")):
+            bs = 16
+            blocks = -(-length // bs)
+            kc = torch.randn(blocks + 1, bs, kv, d, generator=g)
+            vc = torch.randn(blocks + 1, bs, kv, d, generator=g)
+            if half:
+                kc, vc = kc.half(), vc.half()
+            ids = torch.randperm(blocks + 1, generator=g)[:blocks].to(torch.int32)
+            q = torch.randn(t, h, d, generator=g)
+            mask = None
+            if mode == "mask":
+                mask = torch.rand(t, length, generator=g) < 0.6
+            got = {}
+            for name in ("avx2", "avx512"):
+                skinny.use_isa(name)
+                got[name] = skinny.skinny_attention(q, kc, vc, ids, length, mask=mask, causal=mode == "causal")
+            assert torch.equal(got["avx2"], got["avx512"]), (t, h, kv, d, length, mode)
+    finally:
+        skinny.use_isa(before)
+
+
 def test_the_instruction_set_is_chosen_from_the_cpu_and_the_environment(monkeypatch):
     monkeypatch.setattr(skinny, "cpu_isas", lambda: ["avx2", "avx512"])
     monkeypatch.delenv("SPECDEC_CPU_ISA", raising=False)
