@@ -69,6 +69,15 @@ RUNS = [
      "task, one round (no --repeats: each speedup is one run's ratio, so read differences under about 10% "
      "as noise). The product-form table was re-tuned on the quiet machine just before (a table tuned under "
      "load had halved `ar`'s speed in an earlier run that day)."),
+    ("bench/results/2026-11-28-cpu-fewer-calls/compare-hf-after-1/results.json",
+     "Another CPU: a 2-core Intel Xeon (Emerald Rapids, 300 MB L3; the other CPU runs here are on a 2-core AMD "
+     "EPYC), two prompts per task beside transformers, native weights, one round, after the step was cut to 26-47 "
+     "Python calls (paired with the session's start code, both planning with one pinned curve measured on this "
+     "machine: compare-hf-before-1/ beside it). The host work took 0.09-0.28 ms a step in both: the loop's code "
+     "stays in this L3. Speculation gains only 1.03-1.12x after the first token here: a step's forward grows "
+     "steeply with its width on this CPU (5.2 ms at one token, 8.5 at 8), so the planner sends 2.5-3.2 tokens a "
+     "step (tau 1.5-1.6). Every output identical to `ar`'s. Texts, token ids and answers removed; the run "
+     "directory's NOTES.md has the tables."),
     ("bench/results/2026-11-28-cpu-cold-host/compare-hf-after-1/results.json",
      "Two prompts per task beside transformers, the default native weights, one round, after the loop's step "
      "was rewritten to run 31-48% fewer Python calls (the run paired with the session's start code before it, "
