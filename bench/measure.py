@@ -165,6 +165,7 @@ def merge(rounds: list[Measured]) -> Measured:
 
 
 def env_cpu_name() -> str:
-    import platform
-    return (f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-            f"{torch.get_num_threads()} threads)")
+    """The CPU by name, family / model and L3 (models.machine.cpu_model), its cores and the threads
+    torch runs: results of two CPUs say which is which."""
+    from models.machine import cpu_model
+    return f"CPU ({cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads)"

@@ -505,7 +505,8 @@ def measure(args) -> dict:
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    from models.machine import cpu_model
+    return f"CPU ({cpu_model()}, {torch.get_num_threads()} threads)"
 
 
 def _progress(total: int):

@@ -6,6 +6,7 @@ import os
 import platform
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -26,6 +27,46 @@ def device_name(device: torch.device) -> str:
     except OSError:
         pass
     return f"cpu {cpu} x{os.cpu_count()}"
+
+
+def describe_cpu(cpuinfo: str, l3_kib: Optional[int]) -> str:
+    """The CPU as results should name it (CPUs differ in what a step costs: vector units, caches):
+    ``cpuinfo``'s model name (else the platform's), its family and model numbers where it gives
+    them, and the L3 in KiB (None: unknown)."""
+    name = family = model = None
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "model name" and name is None:
+            name = value
+        elif key == "cpu family" and family is None:
+            family = value
+        elif key == "model" and model is None:
+            model = value
+    parts = [name or platform.processor() or platform.machine()]
+    if family is not None and model is not None:
+        parts.append(f"family {family} model {model}")
+    if l3_kib:
+        parts.append(f"L3 {l3_kib // 1024} MiB" if l3_kib >= 1024 else f"L3 {l3_kib} KiB")
+    return ", ".join(parts)
+
+
+def cpu_model() -> str:
+    """``describe_cpu`` of this machine (/proc/cpuinfo and the L3 of cpu0 in sysfs, where Linux
+    has them)."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+    l3 = None
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            if (index / "level").read_text().strip() == "3":
+                size = (index / "size").read_text().strip()
+                l3 = int(size[:-1]) * (1024 if size.endswith("M") else 1) if size[-1] in "KM" else int(size) // 1024
+        except (OSError, ValueError, IndexError):
+            pass
+    return describe_cpu(cpuinfo, l3)
 
 
 def write_whole(path: Path | str, text: str) -> None:

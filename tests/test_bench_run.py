@@ -680,3 +680,18 @@ def test_the_header_says_whether_the_host_glue_ran_in_c(monkeypatch):
     assert _host_path().endswith("their glue in Python (switched off)")
     monkeypatch.setattr(compiled.cbuild, "_host", {"compiled": False})
     assert _host_path() == "reference (switched to it)"
+
+
+def test_a_cpu_is_named_by_its_model_family_and_l3():
+    """Results of two CPUs say which is which (bench headers, RESULTS.md's sections): the first
+    processor's model name, family and model numbers, and the L3."""
+    from bench.measure import env_cpu_name
+    from models.machine import describe_cpu
+    info = ("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 207\n"
+            "model name\t: Intel(R) Xeon(R) Processor\n\nprocessor\t: 1\ncpu family\t: 7\nmodel\t\t: 1\n"
+            "model name\t: another\n")
+    assert describe_cpu(info, 307200) == "Intel(R) Xeon(R) Processor, family 6 model 207, L3 300 MiB"
+    assert describe_cpu(info, 512) == "Intel(R) Xeon(R) Processor, family 6 model 207, L3 512 KiB"
+    assert describe_cpu("model name : X\n", None) == "X"
+    name = env_cpu_name()
+    assert name.startswith("CPU (") and name.endswith(" threads)")
