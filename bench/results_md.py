@@ -69,6 +69,12 @@ RUNS = [
      "task, one round (no --repeats: each speedup is one run's ratio, so read differences under about 10% "
      "as noise). The product-form table was re-tuned on the quiet machine just before (a table tuned under "
      "load had halved `ar`'s speed in an earlier run that day)."),
+    ("bench/results/2026-11-28-cpu-emr-llamacpp/run/results.json",
+     "The Emerald Rapids beside llama.cpp (b11434, native build) on the same file, prompts and 2 threads, one "
+     "round. llama.cpp ran with its repacking off (LLAMA_ARG_REPACK=0): its AMX products died of SIGILL on this "
+     "machine, and that setting turns them off. Its plain decoding ran at 47 tok/s in the server here, 104 in "
+     "llama-bench at short context; read the ratios as one run's on a drifting VM. Texts, token ids and answers "
+     "removed; the run directory's NOTES.md has the details."),
     ("bench/results/2026-11-28-cpu-fewer-calls/compare-hf-after-1/results.json",
      "Another CPU: a 2-core Intel Xeon (Emerald Rapids, 300 MB L3; the other CPU runs here are on a 2-core AMD "
      "EPYC), two prompts per task beside transformers, native weights, one round, after the step was cut to 26-47 "
