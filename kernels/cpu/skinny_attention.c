@@ -91,9 +91,11 @@ static inline __attribute__((always_inline)) void qk_4(float s[QBMAX][SPLIT], in
 #ifdef __AVX512F__
 /* qk_4 with 512-bit FMAs: a register holds the same 8 dimensions of two keys (c and c + 1 in its
  * halves) against the query's 8 in both, so each half makes exactly qk_4's operations in its
- * order, bit for bit, in half the FMAs. Where a 512-bit FMA issues as fast as a 256-bit one
- * (two units: Intel's server cores) that is twice the rate; where it is split in two 256-bit
- * halves (Zen 4) the same rate. */
+ * order, bit for bit, in half the FMAs. Why: where a 512-bit FMA issues as fast as a 256-bit one
+ * the FMA peak doubles (an Emerald Rapids measured 263-277 against 128-134 GFLOP/s on 2 cores);
+ * the kernel gained 5-13% at 8-16 rows there, not being bound by its FMAs alone
+ * (bench/results/2026-11-28-cpu-attention512/NOTES.md). Zen 4 splits a 512-bit FMA in two
+ * halves: the same rate, not measured. */
 static inline __m512 load8x2(const void *p0, const void *p1, int64_t i, int half) {
     if (half)
         return _mm512_cvtph_ps(_mm256_inserti128_si256(
