@@ -89,13 +89,13 @@ static inline __attribute__((always_inline)) void qk_4(float s[QBMAX][SPLIT], in
 }
 
 #ifdef __AVX512F__
-/* qk_4 with 512-bit FMAs: a register holds the same 8 dimensions of two keys (c and c + 1 in its
- * halves) against the query's 8 in both, so each half makes exactly qk_4's operations in its
- * order, bit for bit, in half the FMAs. Why: where a 512-bit FMA issues as fast as a 256-bit one
- * the FMA peak doubles (an Emerald Rapids measured 263-277 against 128-134 GFLOP/s on 2 cores);
- * the kernel gained 5-13% at 8-16 rows there, not being bound by its FMAs alone
- * (bench/results/2026-11-28-cpu-attention512/NOTES.md). Zen 4 splits a 512-bit FMA in two
- * halves: the same rate, not measured. */
+/* The AVX-512 build's scores, weighted sums and softmax: 512-bit operations, each lane the AVX2
+ * build's operations in its order, so the two builds attend bit for bit alike. Why: where a 512-bit
+ * FMA issues as fast as a 256-bit one the FMA peak doubles (an Emerald Rapids measured 263-277
+ * against 128-134 GFLOP/s on 2 cores); the FMAs gained 5-13% at 8-16 rows there
+ * (bench/results/2026-11-28-cpu-attention512/NOTES.md), the reductions below and the 16-lane
+ * softmax 7-13% more at 4-16 rows (bench/results/2026-11-28-cpu-attention-reduce/NOTES.md). Zen 4
+ * splits a 512-bit operation in two halves: the same rate, not measured. */
 static inline __m512 load8x2(const void *p0, const void *p1, int64_t i, int half) {
     if (half)
         return _mm512_cvtph_ps(_mm256_inserti128_si256(
@@ -103,26 +103,6 @@ static inline __m512 load8x2(const void *p0, const void *p1, int64_t i, int half
             _mm_loadu_si128((const __m128i *)((const uint16_t *)p1 + i)), 1));
     return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)p0 + i)),
                               _mm256_loadu_ps((const float *)p1 + i), 1);
-}
-
-static inline __attribute__((always_inline)) void qk_4w(float s[QBMAX][SPLIT], int c0, const float *const *q,
-                                                        const void *const *k, int D, int half, const int QB) {
-    __m512 a[QBMAX][2];
-    _Pragma("GCC unroll 6") for (int i = 0; i < QB; i++) a[i][0] = a[i][1] = _mm512_setzero_ps();
-    for (int d = 0; d < D; d += 8) {
-        __m512 qv[QBMAX];
-        _Pragma("GCC unroll 6") for (int i = 0; i < QB; i++) qv[i] = _mm512_broadcast_f32x8(_mm256_loadu_ps(q[i] + d));
-        _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
-            const __m512 kv = load8x2(k[2 * c], k[2 * c + 1], d, half);
-            _Pragma("GCC unroll 6") for (int i = 0; i < QB; i++) a[i][c] = _mm512_fmadd_ps(qv[i], kv, a[i][c]);
-        }
-    }
-    _Pragma("GCC unroll 6") for (int i = 0; i < QB; i++) {
-        const __m256 a0 = _mm512_castps512_ps256(a[i][0]), a1 = _mm512_extractf32x8_ps(a[i][0], 1);
-        const __m256 a2 = _mm512_castps512_ps256(a[i][1]), a3 = _mm512_extractf32x8_ps(a[i][1], 1);
-        const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-        _mm_storeu_ps(s[i] + c0, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
-    }
 }
 
 /* pv_4 with 512-bit FMAs: 16 dimensions a register, each lane the same FMAs in the same order */
@@ -142,11 +122,68 @@ static inline __attribute__((always_inline)) void pv_4w(float *const *out, const
     _Pragma("GCC unroll 6") for (int i = 0; i < QB; i++)
         _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) _mm512_storeu_ps(out[i] + d0 + 16 * c, acc[i][c]);
 }
-#define QK_4 qk_4w
+
+/* The scores of 16 keys at a time, with qk_4's sums. qk_4p: a register holds the same 8 dimensions
+ * of two keys (c and c + 1 in its halves) against the query's 8 in both, so each half makes qk_4's
+ * FMAs in its order; then the first pairwise sums of keys c0 .. c0 + 3, in one register (per
+ * 128-bit chunk: key c0's (0+1), (2+3), key c0 + 2's, then their (4+5), (6+7), then keys c0 + 1 and
+ * c0 + 3 alike), stored at s1 + 4 c0. scores16 takes four such registers (16 keys) on: the next
+ * pairwise sums ((0+1)+(2+3), (4+5)+(6+7)), the two added, one permutation into key order; so each
+ * score is qk_4's number, bit for bit. Why: qk_4's horizontal sums on 512-bit accumulators (extracts
+ * and hadds, a dozen operations a query for 4 keys) took a fifth of the kernel's time at 8 rows,
+ * as much as half its score FMAs; these take about a third of that. */
+static inline __attribute__((always_inline)) void qk_4p(float s1[QBMAX][4 * SPLIT], int c0, const float *const *q,
+                                                        const void *const *k, int D, int half, const int QB) {
+    __m512 a[QBMAX][2];
+    _Pragma("GCC unroll 6") for (int i = 0; i < QB; i++) a[i][0] = a[i][1] = _mm512_setzero_ps();
+    for (int d = 0; d < D; d += 8) {
+        __m512 qv[QBMAX];
+        _Pragma("GCC unroll 6") for (int i = 0; i < QB; i++) qv[i] = _mm512_broadcast_f32x8(_mm256_loadu_ps(q[i] + d));
+        _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
+            const __m512 kv = load8x2(k[2 * c], k[2 * c + 1], d, half);
+            _Pragma("GCC unroll 6") for (int i = 0; i < QB; i++) a[i][c] = _mm512_fmadd_ps(qv[i], kv, a[i][c]);
+        }
+    }
+    _Pragma("GCC unroll 6") for (int i = 0; i < QB; i++) {
+        const __m512 x = a[i][0], y = a[i][1];
+        _mm512_storeu_ps(s1[i] + 4 * c0, _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x88), _mm512_shuffle_ps(x, y, 0xDD)));
+    }
+}
+
+static inline __m512 scores16(const float *s1) {
+    const __m512 u0 = _mm512_loadu_ps(s1), u1 = _mm512_loadu_ps(s1 + 16);
+    const __m512 u2 = _mm512_loadu_ps(s1 + 32), u3 = _mm512_loadu_ps(s1 + 48);
+    /* per chunk: keys 0, 2, 4, 6 (0..3) | (4..7) | keys 1, 3, 5, 7 (0..3) | (4..7); then keys 8 .. 15 */
+    const __m512 lo = _mm512_add_ps(_mm512_shuffle_ps(u0, u1, 0x88), _mm512_shuffle_ps(u0, u1, 0xDD));
+    const __m512 hi = _mm512_add_ps(_mm512_shuffle_ps(u2, u3, 0x88), _mm512_shuffle_ps(u2, u3, 0xDD));
+    const __m512 r = _mm512_add_ps(_mm512_shuffle_f32x4(lo, hi, 0x88), _mm512_shuffle_f32x4(lo, hi, 0xDD));
+    /* r holds keys 0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15 */
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15), r);
+}
+
+/* exp_neg at 16 lanes: each lane exp_neg's operations */
+static inline __m512 exp_neg16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+#define KEYS_AT_ONCE 16 /* the keys of a split scored in groups of 16 */
 #define PV_4 pv_4w
 #else
 #define QK_4 qk_4
 #define PV_4 pv_4
+#define KEYS_AT_ONCE 8
 #endif
 
 static inline float hmax8(__m256 v) {
@@ -269,8 +306,9 @@ static inline __attribute__((always_inline)) void split_task(const job *a, const
     const __m256 ninf = _mm256_set1_ps(-INFINITY), scale = _mm256_set1_ps(a->scale);
     const int es = half ? 2 : 4; /* bytes per number */
     const char *kh = (const char *)a->kc + (int64_t)kvh * D * es, *vh = (const char *)a->vc + (int64_t)kvh * D * es;
+    const int nk = (n + KEYS_AT_ONCE - 1) / KEYS_AT_ONCE * KEYS_AT_ONCE; /* the keys scored */
     const void *kp[SPLIT], *vp[SPLIT];
-    for (int i = 0; i < nb * 8; i++) { /* a short last block repeats the first key, hidden */
+    for (int i = 0; i < nk; i++) { /* a short last group repeats the first key, hidden */
         const int64_t o = a->off[task_key(k, i < n ? i : 0)] * es;
         kp[i] = kh + o;
         vp[i] = vh + o;
@@ -278,6 +316,10 @@ static inline __attribute__((always_inline)) void split_task(const job *a, const
     __m256 vis[SPLIT / 8];
     int vis_row = -1, vis_any = 0; /* the row vis holds (consecutive queries share rows) */
     float sc[QBMAX][SPLIT];
+#ifdef __AVX512F__
+    float s1[QBMAX][4 * SPLIT]; /* qk_4p's pairwise sums */
+    __mmask16 vm[SPLIT / 16];   /* vis, 16 keys a mask */
+#endif
     const int NQ = k->nt * G, QB = NQ >= QBMAX ? QBMAX : 3;
     for (int q0 = 0; q0 < NQ; q0 += QB) {
         const int nq = NQ - q0 < QB ? NQ - q0 : QB;
@@ -289,7 +331,7 @@ static inline __attribute__((always_inline)) void split_task(const job *a, const
             qp[i] = a->q + (k->t0 + r) * a->q_stride + ((int64_t)kvh * G + g) * D;
             outp[i] = k->part + (r * (int64_t)a->H + (int64_t)kvh * G + g) * W;
         }
-        for (int c = 0; c < nb * 8; c += 4) {
+        for (int c = 0; c < nk; c += 4) {
             /* the first group requests its own keys and values 8 ahead into L1: widened at each
              * load, the task's reads wait on misses one chunk at a time where the keys are in
              * memory, not L2 / L3 (4 rows over 512 keys 84 us without these, 66 with, 64 with the
@@ -302,23 +344,57 @@ static inline __attribute__((always_inline)) void split_task(const job *a, const
                         _mm_prefetch((const char *)vp[i] + d, _MM_HINT_T0);
                     }
             if (q0 == 0 && next) { /* the later task's share for these 4 keys' scores */
-                const int pa = (int)((int64_t)next->n * c / (nb * 8)), pb = (int)((int64_t)next->n * (c + 4) / (nb * 8));
+                const int pa = (int)((int64_t)next->n * c / nk), pb = (int)((int64_t)next->n * (c + 4) / nk);
                 prefetch_keys(a, next, pa, pb < next->n ? pb : next->n);
             }
-            if (QB == QBMAX) QK_4(sc, c, qp, kp + c, D, half, QBMAX); /* QB a constant in each call */
+#ifdef __AVX512F__
+            if (QB == QBMAX) qk_4p(s1, c, qp, kp + c, D, half, QBMAX); /* QB a constant in each call */
+            else qk_4p(s1, c, qp, kp + c, D, half, 3);
+#else
+            if (QB == QBMAX) QK_4(sc, c, qp, kp + c, D, half, QBMAX);
             else QK_4(sc, c, qp, kp + c, D, half, 3);
+#endif
         }
         for (int i = 0; i < QB; i++) {
             const int t = k->t0 + (q0 + (i < nq ? i : 0)) / G;
             if (t != vis_row) {
                 vis_any = visible(a, k->all, t, k->j0, n, vis);
                 vis_row = t;
+#ifdef __AVX512F__
+                for (int g = 0; g < nk / 16; g++)
+                    vm[g] = (__mmask16)(_mm256_movemask_ps(vis[2 * g]) |
+                                        (2 * g + 1 < nb ? _mm256_movemask_ps(vis[2 * g + 1]) << 8 : 0));
+#endif
             }
             live[i] = vis_any;
             if (!live[i]) { /* all hidden: numerators 0, so the value sums below are 0 too */
                 memset(sc[i], 0, sizeof(float) * (size_t)(nb * 8));
                 continue;
             }
+#ifdef __AVX512F__
+            { /* the 256-bit code's operations below, 16 lanes at a time; the sum of the numerators
+               * adds the same 8-lane halves in the same order */
+                const __m512 ninf16 = _mm512_set1_ps(-INFINITY), scale16 = _mm512_set1_ps(a->scale);
+                __m512 mx16 = ninf16;
+                for (int g = 0; g < nk / 16; g++) {
+                    const __m512 s = _mm512_mask_blend_ps(vm[g], ninf16, _mm512_mul_ps(scores16(s1[i] + 64 * g), scale16));
+                    _mm512_storeu_ps(sc[i] + 16 * g, s);
+                    mx16 = _mm512_max_ps(mx16, s);
+                }
+                const float m = hmax8(_mm256_max_ps(_mm512_castps512_ps256(mx16), _mm512_extractf32x8_ps(mx16, 1)));
+                const __m512 mv = _mm512_set1_ps(m);
+                __m256 tot = _mm256_setzero_ps();
+                for (int g = 0; g < nk / 16; g++) {
+                    const __m512 p = _mm512_maskz_mov_ps(vm[g], exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(sc[i] + 16 * g), mv)));
+                    _mm512_storeu_ps(sc[i] + 16 * g, p);
+                    tot = _mm256_add_ps(tot, _mm512_castps512_ps256(p));
+                    if (2 * g + 1 < nb) tot = _mm256_add_ps(tot, _mm512_extractf32x8_ps(p, 1));
+                }
+                outp[i][0] = m;
+                outp[i][1] = hsum8(tot);
+                continue;
+            }
+#endif
             __m256 mx = ninf;
             for (int b = 0; b < nb; b++) {
                 const __m256 s = _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_loadu_ps(sc[i] + 8 * b), scale), vis[b]);
