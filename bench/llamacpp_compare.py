@@ -20,6 +20,11 @@ token more than it accepted, so the forwards after the prefill are ``predicted_n
 draft_n_accepted`` (where a stop falls inside a step's accepted drafts, those past it count as
 accepted all the same: the forwards then come out short by at most that step's draft).
 
+Where llama-server dies of SIGILL with its defaults (an instruction the CPU refuses: its AMX products
+on an Emerald Rapids VM, bench/results/2026-11-28-cpu-emr-llamacpp), every method runs again from
+the start with its weight repacking off (``--no-repack``, which also keeps it off the AMX kernels),
+and llama-bench with ``--repack 0``; the header says so. Other failures are reported as they are.
+
 llama.cpp computes on the GGUF's weights as stored (quantised blocks), ours on weights
 dequantised to the run's dtype (and llama.cpp rounds the activations to 8 bits for its quantised
 products): outputs may differ, ``identical_to_ar`` says which, ``same_prefix_as_ar`` for how many
@@ -51,6 +56,9 @@ SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod")
 # the two whose lookup and draft lengths are knobs also run with --pld's N and K: llama.cpp's defaults
 # (a 12-token lookup, 48-token drafts) rarely match in a short answer
 SIZED = {"ngram-simple": "--spec-ngram-simple", "ngram-map-k": "--spec-ngram-map-k"}
+# what a server started with after one died of SIGILL with its defaults (llama-server / llama-bench)
+NO_REPACK = ("--no-repack",)
+BENCH_NO_REPACK = ("--repack", "0")
 READY_S = 120.0  # a 135M-7B GGUF loads in seconds; a server not ready by then is reported with its log
 REQUEST_S = 900.0
 
@@ -120,6 +128,19 @@ def peak_rss_mib(pid: int) -> Optional[float]:
     return None
 
 
+class ServerDied(RuntimeError):
+    """llama-server (or llama-bench) ended by itself; ``returncode`` is its exit status, negative:
+    the signal that ended it."""
+
+    def __init__(self, message: str, returncode: int):
+        super().__init__(message)
+        self.returncode = returncode
+
+
+def died_of_sigill(e: BaseException) -> bool:
+    return isinstance(e, ServerDied) and e.returncode == -signal.SIGILL
+
+
 class Server:
     """One ``llama-server`` process: ``with Server(...) as s: s.complete(ids, n)``. Started on
     enter (waits, at most ``ready_s``, for its /health), terminated on exit whatever happened.
@@ -158,8 +179,8 @@ class Server:
     def _wait_ready(self, t0: float) -> None:
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited (code {self.proc.returncode}) before it was ready; "
-                                   f"command: {' '.join(self.cmd)}\n{self.log_tail()}")
+                raise ServerDied(f"llama-server exited (code {self.proc.returncode}) before it was ready; "
+                                 f"command: {' '.join(self.cmd)}\n{self.log_tail()}", self.proc.returncode)
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
                     if r.status == 200:
@@ -183,6 +204,13 @@ class Server:
         except urllib.error.HTTPError as e:
             raise RuntimeError(f"llama-server answered {e.code}: {e.read()[:2000].decode(errors='replace')}") from None
         except (urllib.error.URLError, OSError) as e:
+            try:  # a server that died drops its connections as it goes: let it be reaped first
+                self.proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
+            if self.proc.poll() is not None:
+                raise ServerDied(f"llama-server exited (code {self.proc.returncode}) during a request ({e}); its "
+                                 f"log:\n{self.log_tail()}", self.proc.returncode) from None
             raise RuntimeError(f"llama-server did not answer within {self.request_s:.0f} s ({e}); its log:\n"
                                f"{self.log_tail()}") from None
         out["wall_s"] = time.perf_counter() - t
@@ -268,13 +296,13 @@ def record(ar: dict, prompt: list[int], responses: list[dict], method: str, plai
 
 
 def llama_bench(model: Path, threads: int, n_gen: int = 128, exe: Optional[Path] = None,
-                timeout_s: float = 600) -> dict:
+                timeout_s: float = 600, flags: tuple[str, ...] = ()) -> dict:
     """llama-bench's own tg``n_gen`` (no prompt) on the threads: its JSON result."""
     exe = exe or binary("llama-bench")
-    proc = subprocess.run([str(exe), "-m", str(model), "-t", str(threads), "-p", "0", "-n", str(n_gen), "-o", "json"],
-                          capture_output=True, text=True, timeout=timeout_s)
+    proc = subprocess.run([str(exe), "-m", str(model), "-t", str(threads), "-p", "0", "-n", str(n_gen), "-o", "json",
+                           *flags], capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
-        raise RuntimeError(f"llama-bench failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+        raise ServerDied(f"llama-bench failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}", proc.returncode)
     return json.loads(proc.stdout)[0]
 
 
@@ -297,6 +325,34 @@ def check_args(args) -> None:
     if not args.device.startswith("cpu"):
         raise ValueError(f"--compare-llamacpp runs the CPU build of llama.cpp (make llamacpp): --device cpu, got "
                          f"--device {args.device}")
+
+
+def run_rounds(names: dict[str, tuple[str, ...]], extra: tuple[str, ...], prompts: list[list[int]], args,
+               threads: int, model: Path, exe: Path, retry_sigill: bool
+               ) -> tuple[dict[str, list[dict]], list[str], bool]:
+    """Every method (``names``: its flags, then ``extra``) in ``args.repeats`` interleaved rounds, each
+    starting one method later, as ours (bench/loop.py): per method run_method's answer in each
+    round, the failures, and whether it stopped at a server dead of SIGILL (only with
+    ``retry_sigill``; else that is a failure like another)."""
+    runs: dict[str, list[dict]] = {m: [] for m in names}
+    failed: list[str] = []
+    for i in range(args.repeats):
+        order = list(names)[i % len(names):] + list(names)[:i % len(names)]
+        for method in order:
+            if any(f.startswith(f"{method}: ") for f in failed):
+                continue
+            print(f"llama.cpp: {method} on {len(prompts)} prompts ({threads} threads)"
+                  + (f", round {i + 1} of {args.repeats}" if args.repeats > 1 else "")
+                  + (f", {' '.join(extra)}" if extra else ""), flush=True)
+            try:
+                runs[method].append(run_method(names[method] + extra, prompts, args.max_new_tokens, threads,
+                                               model=model, exe=exe))
+            except (RuntimeError, ValueError, KeyError) as e:
+                if retry_sigill and died_of_sigill(e):
+                    return runs, failed, True
+                failed.append(f"{method}: {type(e).__name__}: {e}")
+                print(f"error: {failed[-1]}", file=sys.stderr)
+    return runs, failed, False
 
 
 def compare(bench, records: list[dict], results: list[dict], head: dict) -> list[dict]:
@@ -323,28 +379,21 @@ def compare(bench, records: list[dict], results: list[dict], head: dict) -> list
     prompts = [bench.encode(first_messages[r["conversation"]]) for r in firsts]  # the ids our methods decoded
     threads = torch.get_num_threads()
     try:
-        offered = spec_types_offered(subprocess.run([str(exe), "--help"], capture_output=True, text=True,
-                                                    timeout=60).stdout)
+        help_text = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired) as e:
-        offered = []
+        help_text = ""
         print(f"warning: llama-server --help failed ({e}): plain only", file=sys.stderr)
+    offered = spec_types_offered(help_text)
     spec = [s for s in SPEC_TYPES if s in offered]
     names = methods(offered, args.pld_nk)
-    runs: dict[str, list[dict]] = {m: [] for m in names}  # per method, run_method's answer in each round
-    failed: list[str] = []
-    for i in range(args.repeats):  # interleaved rounds, each starting one method later, as ours (bench/loop.py)
-        order = list(names)[i % len(names):] + list(names)[:i % len(names)]
-        for method in order:
-            if any(f.startswith(f"{method}: ") for f in failed):
-                continue
-            print(f"llama.cpp: {method} on {len(prompts)} prompts ({threads} threads)"
-                  + (f", round {i + 1} of {args.repeats}" if args.repeats > 1 else ""), flush=True)
-            try:
-                runs[method].append(run_method(names[method], prompts, args.max_new_tokens, threads, model=model,
-                                               exe=exe))
-            except (RuntimeError, ValueError, KeyError) as e:
-                failed.append(f"{method}: {type(e).__name__}: {e}")
-                print(f"error: {failed[-1]}", file=sys.stderr)
+    extra: tuple[str, ...] = ()
+    runs, failed, sigill = run_rounds(names, extra, prompts, args, threads, model, exe,
+                                      retry_sigill=NO_REPACK[0] in help_text)
+    if sigill:  # every method again, with the repacking (and the AMX kernels) off
+        extra = NO_REPACK
+        print(f"warning: llama-server died of SIGILL with its defaults; every llama.cpp method again with "
+              f"{' '.join(extra)}", file=sys.stderr)
+        runs, failed, _ = run_rounds(names, extra, prompts, args, threads, model, exe, retry_sigill=False)
     out, loads = [], {}
     plain: dict[str, list[int]] = {}
     for method in names:
@@ -373,12 +422,22 @@ def compare(bench, records: list[dict], results: list[dict], head: dict) -> list
                         f"n-gram pool across the requests of a server (a fresh server per method and round); times: "
                         f"the server's timings, "
                         + (f"median of {args.repeats} interleaved rounds" if args.repeats > 1 else "run once")
+                        + (f"; with {' '.join(extra)}: with its defaults llama-server died of SIGILL (an instruction "
+                           f"this CPU refused, in its repacked products)" if extra else "")
                         + (f"; failed: {'; '.join(failed)}" if failed else ""))
     head["llamacpp loads"] = "; ".join(f"{m} {x['s']:.1f} s, peak {x['peak_mem_mib']} MiB" for m, x in loads.items())
     head["llamacpp_loads"] = loads
+    bench_flags = BENCH_NO_REPACK if extra else ()
     try:
-        b = llama_bench(model, threads, args.max_new_tokens)
-        head["llamacpp bench"] = (f"llama-bench -t {threads} -p 0 -n {args.max_new_tokens}: tg{args.max_new_tokens} "
+        try:
+            b = llama_bench(model, threads, args.max_new_tokens, flags=bench_flags)
+        except ServerDied as e:
+            if not died_of_sigill(e) or bench_flags:
+                raise
+            bench_flags = BENCH_NO_REPACK
+            b = llama_bench(model, threads, args.max_new_tokens, flags=bench_flags)
+        head["llamacpp bench"] = (f"llama-bench -t {threads} -p 0 -n {args.max_new_tokens}"
+                                  + "".join(f" {f}" for f in bench_flags) + f": tg{args.max_new_tokens} "
                                   f"{b['avg_ts']:.1f} tokens/s (+- {b['stddev_ts']:.1f}, {b.get('model_type', '')}, "
                                   f"build {b.get('build_commit', '?')} ({b.get('build_number', '?')}))")
     except (ValueError, RuntimeError, OSError, subprocess.TimeoutExpired, KeyError, IndexError) as e:

@@ -14,7 +14,8 @@ import pytest
 
 from bench import llamacpp_compare as lc
 
-HELP = ("----- speculative -----\n"
+HELP = ("--repack, -nr, --no-repack              whether to enable weight repacking (default: enabled)\n"
+        "----- speculative -----\n"
         "--spec-type [none|draft-simple|draft-eagle3|ngram-simple|ngram-map-k|ngram-map-k4v|ngram-mod|ngram-cache]\n"
         "                                        comma-separated list of types of speculative decoding\n")
 
@@ -39,6 +40,9 @@ port = int(argv[argv.index("--port") + 1])
 spec = argv[argv.index("--spec-type") + 1] if "--spec-type" in argv else None
 with open(LOG, "a") as f:
     f.write(json.dumps(argv) + "\n")
+if SIGILL and "--no-repack" not in argv:  # as llama.cpp's AMX products on a CPU that refuses them
+    import os, signal
+    os.kill(os.getpid(), signal.SIGILL)
 calls = {"health": 0}
 
 class H(BaseHTTPRequestHandler):
@@ -71,20 +75,23 @@ HTTPServer(("127.0.0.1", port), H).serve_forever()
 '''
 
 FAKE_BENCH = r'''
-import json
+import json, os, signal, sys
+if SIGILL and "--repack" not in sys.argv:
+    os.kill(os.getpid(), signal.SIGILL)
 print(json.dumps([{"avg_ts": 50.5, "stddev_ts": 1.25, "model_type": "fake 135M", "build_commit": "abc",
                    "build_number": 1}]))
 '''
 
 
-def fake_build(folder: Path) -> Path:
-    """folder/bin/llama-server and llama-bench as executable Python scripts; returns the server's
-    argv log (one line per server started)."""
+def fake_build(folder: Path, sigill: bool = False, help_text: str = HELP) -> Path:
+    """folder/bin/llama-server and llama-bench as executable Python scripts (with ``sigill``, each
+    dies of SIGILL unless its repacking is off); returns the server's argv log (one line per
+    server started)."""
     (folder / "bin").mkdir(parents=True)
     log = folder / "argv.log"
     for name, body in (("llama-server", FAKE_SERVER), ("llama-bench", FAKE_BENCH)):
         p = folder / "bin" / name
-        p.write_text(f"#!{sys.executable}\nHELP = {HELP!r}\nLOG = {str(log)!r}\n{body}")
+        p.write_text(f"#!{sys.executable}\nHELP = {help_text!r}\nLOG = {str(log)!r}\nSIGILL = {sigill!r}\n{body}")
         p.chmod(p.stat().st_mode | stat.S_IXUSR)
     return log
 
@@ -322,3 +329,39 @@ def test_compare_runs_interleaved_rounds_with_a_fresh_server_each(tmp_path, monk
     assert all(r["repeats"] == 2 and len(r["time_s_runs"]) == 2 and r["rounds_agree"] for r in recs)
     assert recs[0]["identical_to_ar"] is True and recs[0]["text"] == "5 tokens"
     assert "median of 2 interleaved rounds" in head["llamacpp"] and "failed" not in head["llamacpp"]
+
+
+def test_a_server_dead_of_sigill_runs_every_method_again_without_repacking(tmp_path, monkeypatch):
+    """A llama-server that dies of SIGILL with its defaults (llama.cpp's AMX products on a CPU that
+    refuses them): every method again from the start with --no-repack, llama-bench with --repack 0,
+    the header saying so; a server without that flag: every method failed, with its exit code (llama-bench
+    dead of SIGILL is retried with --repack 0 all the same)."""
+    from types import SimpleNamespace
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"")
+    args = SimpleNamespace(model=str(model), max_new_tokens=5, pld_nk=(3, 10), repeats=1)
+    bench = SimpleNamespace(args=args, encode=lambda messages: [1, 2, 3], text=lambda ids: f"{len(ids)} tokens")
+    ar = dict(AR, method="ar", output_ids=[100, 101, 102, 103, 104])
+    methods = list(lc.methods(lc.spec_types_offered(HELP), (3, 10)))
+
+    log = fake_build(tmp_path / "build", sigill=True)
+    monkeypatch.setenv("SPECDEC_LLAMACPP_DIR", str(tmp_path / "build"))
+    head = {}
+    recs = lc.compare(bench, [{"id": AR["conversation"], "messages": []}], [ar], head)
+    assert [r["method"] for r in recs] == methods
+    servers = [json.loads(line) for line in log.read_text().splitlines()]
+    assert "--no-repack" not in servers[0] and len(servers) == 1 + len(methods)  # the first died
+    assert all(a[-1] == "--no-repack" for a in servers[1:])
+    assert "with --no-repack: with its defaults llama-server died of SIGILL" in head["llamacpp"]
+    assert "failed" not in head["llamacpp"]
+    assert head["llamacpp bench"].startswith("llama-bench -t ") and " --repack 0: tg5 50.5 tokens/s" in \
+        head["llamacpp bench"]
+
+    fake_build(tmp_path / "old", sigill=True, help_text=HELP.split("\n", 1)[1])  # no --no-repack offered
+    monkeypatch.setenv("SPECDEC_LLAMACPP_DIR", str(tmp_path / "old"))
+    head = {}
+    assert lc.compare(bench, [{"id": AR["conversation"], "messages": []}], [ar], head) == []
+    assert "--no-repack" not in head["llamacpp"].split("; failed: ")[0]
+    assert head["llamacpp"].count("exited (code -4) before it was ready") == len(methods)
+    assert " --repack 0: tg5 50.5 tokens/s" in head["llamacpp bench"]  # llama-bench retried on its own
