@@ -75,6 +75,11 @@ RUNS = [
      "machine, and that setting turns them off. Its plain decoding ran at 47 tok/s in the server here, 104 in "
      "llama-bench at short context; read the ratios as one run's on a drifting VM. Texts, token ids and answers "
      "removed; the run directory's NOTES.md has the details."),
+    ("bench/results/2026-11-28-cpu-llamacpp-sigill/run/results.json",
+     "The Emerald Rapids beside llama.cpp again, this time with no setting of ours: its first server died of "
+     "SIGILL in its warm-up (its repacked AMX products), and the bench ran every llama.cpp method again with "
+     "--no-repack (llama-bench with --repack 0), as its header says. Five first turns, one round on a drifting "
+     "VM. Texts, token ids and answers removed; the run directory's NOTES.md has the details."),
     ("bench/results/2026-11-28-cpu-fewer-calls/compare-hf-after-1/results.json",
      "Another CPU: a 2-core Intel Xeon (Emerald Rapids, 300 MB L3; the other CPU runs here are on a 2-core AMD "
      "EPYC), two prompts per task beside transformers, native weights, one round, after the step was cut to 26-47 "
