@@ -161,23 +161,6 @@ static inline __m512 scores16(const float *s1) {
     return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15), r);
 }
 
-/* exp_neg at 16 lanes: each lane exp_neg's operations */
-static inline __m512 exp_neg16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-}
 #define KEYS_AT_ONCE 16 /* the keys of a split scored in groups of 16 */
 #define PV_4 pv_4w
 #else
@@ -550,7 +533,8 @@ static int attention(const float *q, int64_t q_stride, int T, int H, int KV, int
         /* merge the splits of each (row, head) in split order: the shared ones, then the row's
          * own; the (row, head) pairs shared between the threads (merged by the calling thread
          * alone, this took about 3% of an 8-token forward over 512 keys: an expf and a weighted
-         * sum per split, rows x heads x splits of them), each the same operations wherever it runs */
+         * sum per split, rows x heads x splits of them; bench/results/2026-11-28-cpu-attention-reduce/
+         * NOTES.md), each the same operations wherever it runs */
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < (int64_t)T * H; r++) {
             const int64_t t = r / H, h = r % H, n_part = n_shared + (own ? first[t + 1] - first[t] : 0);
