@@ -63,6 +63,9 @@ class H(BaseHTTPRequestHandler):
 
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if "--die-on-request" in argv:  # as a product that dies at the first batched step
+            import os, signal
+            os.kill(os.getpid(), signal.SIGILL)
         n = req["n_predict"]
         t = {"prompt_n": len(req["prompt"]), "prompt_ms": 2.0 * len(req["prompt"]), "predicted_n": n,
              "predicted_ms": 10.0 * (n - 1)}
@@ -216,6 +219,19 @@ def test_server_that_fails_or_never_listens_is_a_clear_error(tmp_path):
         with lc.Server(silent, tmp_path / "m.gguf", 1, 512, ready_s=1):
             pass
     assert time.perf_counter() - t < 20, e
+
+
+def test_a_server_dead_during_a_request_is_named_with_its_signal(tmp_path):
+    """A server that dies while it answers: ServerDied with its exit status (-SIGILL), not a
+    timeout, so compare() can tell a refused instruction from a slow server."""
+    import signal
+
+    fake_build(tmp_path)
+    exe = tmp_path / "bin" / "llama-server"
+    with pytest.raises(lc.ServerDied, match="exited \\(code -4\\) during a request") as e:
+        with lc.Server(exe, tmp_path / "m.gguf", 1, 512, ("--die-on-request",), ready_s=30) as s:
+            s.complete([1, 2, 3], 4)
+    assert e.value.returncode == -signal.SIGILL and lc.died_of_sigill(e.value)
 
 
 def rec(method, new, secs, ttft, ident=True, prompt=100, **extra):
