@@ -160,9 +160,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.prefill_attention_dim_multiple.restype = ctypes.c_int
     lib.prefill_attention_work.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int]
     lib.prefill_attention_work.restype = ctypes.c_int64
-    lib.skinny_rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+    lib.skinny_rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
     lib.skinny_rms_norm.restype = None
-    lib.skinny_silu_mul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+    lib.skinny_silu_mul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
     lib.skinny_silu_mul.restype = None
     lib.skinny_rope.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4
     lib.skinny_rope.restype = None
@@ -533,9 +533,18 @@ def _check_f32(name: str, t: torch.Tensor) -> None:
                          f"{'' if t.is_contiguous() else ', not contiguous'}")
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x (rows, n) / sqrt(mean(x^2) + eps) * weight (n,), fp32 CPU, one call. The reference:
-    ``torch.nn.functional.rms_norm``."""
+def _elem_threads(threads) -> int:
+    if threads is None:
+        return torch.get_num_threads()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be an int >= 1 (None: torch's), got {threads!r}")
+    return threads
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, threads: Optional[int] = None) -> torch.Tensor:
+    """x (rows, n) / sqrt(mean(x^2) + eps) * weight (n,), fp32 CPU, one call; the rows shared
+    between ``threads`` (None: torch's) where there are enough of them, the same numbers. The
+    reference: ``torch.nn.functional.rms_norm``."""
     _require()
     _check_f32("x", x)
     _check_f32("weight", weight)
@@ -543,29 +552,32 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         raise ValueError(f"x must be (rows, n) and weight (n,), got {tuple(x.shape)} and {tuple(weight.shape)}")
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
-    return rms_norm_unchecked(x, weight, eps)
+    return rms_norm_unchecked(x, weight, eps, _elem_threads(threads))
 
 
-def rms_norm_unchecked(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm_unchecked(x: torch.Tensor, weight: torch.Tensor, eps: float, threads: Optional[int] = None
+                       ) -> torch.Tensor:
     out = torch.empty_like(x)
-    _lib.skinny_rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps)
+    _lib.skinny_rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps,
+                         threads or torch.get_num_threads())
     return out
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up (rows, 2n) -> silu(gate) * up (rows, n), fp32 CPU, one call. The reference:
+def silu_mul(gate_up: torch.Tensor, threads: Optional[int] = None) -> torch.Tensor:
+    """gate_up (rows, 2n) -> silu(gate) * up (rows, n), fp32 CPU, one call; the rows shared between
+    ``threads`` (None: torch's) where there are enough of them, the same numbers. The reference:
     ``F.silu(g) * u`` for ``g, u = gate_up.chunk(2, -1)``."""
     _require()
     _check_f32("gate_up", gate_up)
     if gate_up.dim() != 2 or gate_up.shape[1] % 2:
         raise ValueError(f"gate_up must be (rows, 2n), got {tuple(gate_up.shape)}")
-    return silu_mul_unchecked(gate_up)
+    return silu_mul_unchecked(gate_up, _elem_threads(threads))
 
 
-def silu_mul_unchecked(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul_unchecked(gate_up: torch.Tensor, threads: Optional[int] = None) -> torch.Tensor:
     rows, n2 = gate_up.shape
     out = torch.empty(rows, n2 // 2, dtype=torch.float32)
-    _lib.skinny_silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, n2 // 2)
+    _lib.skinny_silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, n2 // 2, threads or torch.get_num_threads())
     return out
 
 

@@ -507,6 +507,42 @@ def test_silu_mul_matches_torch(n):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_elementwise_ops_are_bit_for_bit_alike_across_builds_threads_and_rows():
+    """RMSNorm and SiLU-mul give every element the same numbers on both builds (the AVX-512 build's
+    16 lanes each the AVX2 build's operations), with their rows shared between 1 to 3 threads or
+    on one, and for a row alone or among others: widths with 16-, 8- and 1-wide tails, calls past
+    and below the sizes from which the threads share the rows (33 x 576 and more for RMSNorm),
+    gates that overflow a naive sigmoid."""
+    g = torch.Generator().manual_seed(3)
+    before = skinny.isa()
+    builds = [b for b in ("avx2", "avx512") if b in skinny.cpu_isas()]
+    try:
+        for n in (576, 1536, 29, 24, 1):
+            x = torch.randn(33, n, generator=g) * torch.logspace(-2, 2, 33)[:, None]
+            w = torch.randn(n, generator=g)
+            gu = torch.randn(33, 2 * n, generator=g) * 60.0
+            norms, silus = [], []
+            for name in builds:
+                skinny.use_isa(name)
+                for threads in (1, 2, 3):
+                    norms.append(skinny.rms_norm(x, w, 1e-6, threads=threads))
+                    silus.append(skinny.silu_mul(gu, threads=threads))
+                # each row alone: what a one-token step computes
+                norms.append(torch.cat([skinny.rms_norm(x[r:r + 1], w, 1e-6) for r in range(33)]))
+                silus.append(torch.cat([skinny.silu_mul(gu[r:r + 1]) for r in range(33)]))
+            for a in norms[1:]:
+                assert torch.equal(norms[0], a), n
+            for a in silus[1:]:
+                assert torch.equal(silus[0], a), n
+            assert torch.isfinite(silus[0]).all()
+    finally:
+        skinny.use_isa(before)
+    with pytest.raises(ValueError, match="threads must be an int >= 1"):
+        skinny.silu_mul(torch.randn(2, 8), threads=0)
+    with pytest.raises(ValueError, match="threads must be an int >= 1"):
+        skinny.rms_norm(torch.randn(2, 8), torch.randn(8), 1e-6, threads=True)
+
+
 def test_elementwise_bad_input_is_named():
     with pytest.raises(ValueError, match=r"weight \(n,\)"):
         skinny.rms_norm(torch.randn(2, 8), torch.randn(7), 1e-6)

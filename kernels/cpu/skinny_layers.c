@@ -27,8 +27,8 @@ int skinny_attention(const float *q, int64_t q_stride, int T, int H, int KV, int
 int skinny_attention_kv16(const float *q, int64_t q_stride, int T, int H, int KV, int D, const void *kc,
                           const void *vc, const int32_t *blocks, int bs, int64_t L, const uint8_t *mask, int causal,
                           float scale, float *out, int threads);
-void skinny_rms_norm(const float *x, const float *w, float *out, int64_t rows, int64_t n, float eps);
-void skinny_silu_mul(const float *gu, float *out, int64_t rows, int64_t n);
+void skinny_rms_norm(const float *x, const float *w, float *out, int64_t rows, int64_t n, float eps, int threads);
+void skinny_silu_mul(const float *gu, float *out, int64_t rows, int64_t n, int threads);
 void skinny_rope(float *x, const float *cos, const float *sin, int64_t rows, int64_t row_stride, int64_t heads,
                  int64_t D);
 
@@ -176,7 +176,7 @@ int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skin
     for (int l = 0; l < n_layers && rc == 0; l++) {
         const skinny_layer *w = layers + l;
         if (l == 0) skinny_side = side_start(sd, w, side_bytes(w->fmt[0], nq, d));
-        PHASE(P_NORM, skinny_rms_norm(h, w->attn_norm, x, T, d, s->eps));
+        PHASE(P_NORM, skinny_rms_norm(h, w->attn_norm, x, T, d, s->eps, s->threads));
         PHASE(P_QKV, rc = product(w->fmt[0], x, w->wqkv, w->bqkv, qkv, T, nq, d, s->threads));
         if (rc) break;
         PHASE(P_ROPE_KV, {
@@ -217,17 +217,17 @@ int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skin
         PHASE(P_O, rc = product(w->fmt[1], o, w->wo, NULL, y, T, d, (int64_t)H * D, s->threads));
         if (rc) break;
         PHASE(P_ADD, add_into(h, y, (int64_t)T * d));
-        PHASE(P_NORM, skinny_rms_norm(h, w->mlp_norm, x, T, d, s->eps));
+        PHASE(P_NORM, skinny_rms_norm(h, w->mlp_norm, x, T, d, s->eps, s->threads));
         PHASE(P_GATE_UP, rc = product(w->fmt[2], x, w->w_gate_up, NULL, gu, T, 2 * (int64_t)I, d, s->threads));
         if (rc) break;
-        PHASE(P_SILU, skinny_silu_mul(gu, act, T, I));
+        PHASE(P_SILU, skinny_silu_mul(gu, act, T, I, s->threads));
         PHASE(P_DOWN, rc = product(w->fmt[3], act, w->w_down, NULL, y, T, d, I, s->threads));
         if (rc) break;
         PHASE(P_ADD, add_into(h, y, (int64_t)T * d));
     }
     if (rc == 0 && s->final_norm) /* the rows the head needs, each normed as skinny_rms_norm of all rows would */
         for (int64_t r = 0; r < s->n_out; r++)
-            skinny_rms_norm(h + (s->out_rows ? s->out_rows[r] : r) * d, s->final_norm, s->out + r * d, 1, d, s->eps);
+            skinny_rms_norm(h + (s->out_rows ? s->out_rows[r] : r) * d, s->final_norm, s->out + r * d, 1, d, s->eps, 1);
     skinny_side = NULL;
     free(rope);
     free(sd);
