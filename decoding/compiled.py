@@ -381,6 +381,26 @@ class PlannerCore:
         return credit.value, columns.value
 
 
+    def observe_step(self, planner, sids: list[int], outcomes: list, step_tokens: list[int], wall_ms: float,
+                     new_tokens: int, model_ms: float, constants: tuple) -> bool:
+        """``Planner.observe_all`` then ``observe_time`` in one call of the extension, when the
+        outcomes are of the trees the last ``select`` flattened, in that order; False (nothing
+        learnt) otherwise: the planner then calls the two. ``constants``: the calibration's
+        decay, weight and floor, the config's window rate and weight and calibrate flag."""
+        fx = self._flat_ext
+        if self._ext is None or fx is None or len(fx[0]) != len(outcomes):
+            return False
+        for o, t in zip(outcomes, fx[0]):
+            if o.tree is not t:
+                return False
+        ready = self._ready  # _prepare's test, written out: select left all of it ready
+        ready = ready[3] if ready is not None and ready[1] is planner.contexts and \
+            ready[2] == planner.version and ready[0] == sids else self._prepare(planner, sids)
+        return self._ext.observe_step(self._fn["observe_batch"], self._cfg_at, ready[1], fx[1], outcomes, planner,
+                                      sids, step_tokens, wall_ms, new_tokens, model_ms, self._cost_at,
+                                      constants) is True
+
+
 def planner_core(cost) -> Optional[PlannerCore]:
     """The compiled calls for a planner with ``cost``, or None: the reference then runs (the
     path is switched off or did not build, or the cost is not a tabulable ``StepCost``)."""

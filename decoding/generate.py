@@ -91,15 +91,14 @@ def generate(
     Greedy (default sampling) output is token-identical to plain greedy decoding whatever the
     proposer, as far as a many-row step's logits equal a one-row step's (in fp32; in 16-bit
     dtypes their rounding may differ: docs/DESIGN.md, "Verification"); with temperature > 0
-    every method samples exactly the target distribution.
-    Each sequence has its own generator (seed, index), so a batch samples like single runs.
-    ``planner`` (one per call) sizes every step to what it costs on the device; without one,
-    each step sends the proposer's whole tree. ``on_tokens(index, new_tokens)`` is called
-    whenever sequence ``index`` gains tokens (streaming); returning True stops that sequence
-    (finish reason "stop", e.g. a stop string was reached). ``step_clock`` (a
-    ``decoding.stats.StepClock``) sums where the decoding steps' time goes, phase by phase.
-    A KeyboardInterrupt on the way goes on up with ``partial``: a result per prompt of what
-    it had (finish reason "interrupted" where it had not finished).
+    every method samples exactly the target distribution. Each sequence has its own generator (seed,
+    index), so a batch samples like single runs. ``planner`` (one per call) sizes every step to what
+    it costs on the device; without one, each step sends the proposer's whole tree.
+    ``on_tokens(index, new_tokens)`` is called whenever sequence ``index`` gains tokens (streaming);
+    returning True stops that sequence (finish reason "stop", e.g. a stop string was reached).
+    ``step_clock`` (a ``decoding.stats.StepClock``) sums where the decoding steps' time goes, phase
+    by phase. A KeyboardInterrupt on the way goes on up with ``partial``: a result per prompt of
+    what it had (finish reason "interrupted" where it had not finished).
     """
     proposer, sampling, prefill_chunk = _checked(model, proposer, sampling, step_clock, prefill_chunk)
     eos = set(model.cfg.eos_token_ids if eos_token_ids is None else eos_token_ids)
@@ -122,13 +121,14 @@ def generate(
         while active := batch.retire_finished():
             t0 = time.perf_counter()
             outcomes = decode_step(runner, proposer, active, ctx, eos, planner, step_clock)
-            gained, sent = 0, []  # plain loops: see decode_step
+            gained, sent, sids = 0, [], []  # plain loops: see decode_step
             for s, o in zip(active, outcomes):
                 s.stats.record(o)
                 gained += len(o.new_tokens)
                 sent.append(o.sent)
-            if planner is not None:
-                planner.observe_time(sent, (time.perf_counter() - t0) * 1e3, gained, model_ms=proposer.model_ms)
+                sids.append(s.state.sid)
+            if planner is not None:  # what the step's trees taught, and its time
+                planner.observe_step(sids, outcomes, sent, (time.perf_counter() - t0) * 1e3, gained, proposer.model_ms)
             if on_tokens is not None:
                 _notify(on_tokens, active, [o.new_tokens for o in outcomes])
             bar.update(gained)
@@ -170,7 +170,8 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
                 eos: set[int], planner: Optional[Planner] = None, clock: Optional[StepClock] = None
                 ) -> list[Outcome]:
     """One step of every active sequence: propose -> (plan) -> forward -> verify -> commit ->
-    update. A planner sends a subtree of each proposed tree; outcomes name the proposer's nodes.
+    update. A planner sends a subtree of each proposed tree; outcomes name the proposer's nodes
+    (the caller has the planner learn from them: ``Planner.observe_step``, with the step's time).
     ``clock`` is told when each phase ends.
 
     Written as plain loops, one per phase, calling the greedy walk directly for a proposer that
@@ -251,8 +252,6 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
         outcomes.append(outcome)
         if learns:
             proposer.update(s.state, outcome)
-    if planner is not None:
-        planner.observe_all(sids, outcomes)
     mark("update")
     return outcomes
 

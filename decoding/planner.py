@@ -516,6 +516,23 @@ class Planner:
                 if calibrate:
                     self._calibration = min(1.0, max(CAL_FLOOR, (cal[1] + CAL_WEIGHT) / (cal[0] + CAL_WEIGHT)))
 
+    def observe_step(self, sids: list[int], outcomes: list[Outcome], step_tokens: list[int], wall_ms: float,
+                     new_tokens: int, model_ms: float = 0.0) -> None:
+        """A whole step learnt: ``observe_all(sids, outcomes)`` then ``observe_time(step_tokens,
+        wall_ms, new_tokens, model_ms)``, in one compiled call where the outcomes are of the trees
+        the last ``select`` saw (the two methods are its reference: tests/test_compiled.py). Why
+        one call: a step's Python calls each pay their lines from memory after a forward, and these
+        two were a sixth of a planned step's host time (bench/results/2026-11-28-cpu-elementwise/
+        NOTES.md)."""
+        if self._core is not None:
+            c = self.cfg
+            if self._core.observe_step(self, sids, outcomes, step_tokens, wall_ms, new_tokens, model_ms,
+                                       (CAL_DECAY, CAL_WEIGHT, CAL_FLOOR, c.window_rate, c.window_weight,
+                                        c.calibrate)):
+                return
+        self.observe_all(sids, outcomes)
+        self.observe_time(step_tokens, wall_ms, new_tokens, model_ms)
+
     def _learn_step(self, sid: int, acc: Acceptance, outcome: Outcome) -> None:
         """After a sequence's trials: its streak and the calibration of what its step promised."""
         accepted = len(outcome.path) - 1  # outcome.accepted, written out

@@ -87,6 +87,8 @@ def outcome_of(rng: random.Random, tree: StepTree, keep: list[int]) -> Outcome:
 def same_state(ref: Planner, fast: Planner, keys: set) -> None:
     assert (ref.window_credit, ref.window_columns, ref._cal, ref.log) == \
            (fast.window_credit, fast.window_columns, fast._cal, fast.log)
+    assert (ref.overhead_ms, ref.overhead_per_token, ref._ovh, ref.version, ref._sent_expect) == \
+           (fast.overhead_ms, fast.overhead_per_token, fast._ovh, fast.version, fast._sent_expect)
     for plan in (ref, fast):  # what the compiled calls read, kept as the properties say
         assert (plan._calibration, plan._window_rate) == (plan.calibration, plan.window_rate)
     for sid, acc in ref.seq_acc.items():
@@ -134,14 +136,24 @@ def test_random_steps_plan_select_and_learn_the_same(seed, glue):
         keep = ref.select(sids, trees)
         assert fast.select(sids, trees) == keep
         outs = [outcome_of(rng, tree, k) for tree, k in zip(trees, keep)]
-        if step % 2:  # one call for the step (one compiled call on the fast path), or one per sequence
+        wall = rng.uniform(15, 60)
+        if step % 3 == 2:  # the whole step's learning in one call (one compiled call on the fast path)
+            one_call = glue == "extension" and not any(t.pinned or t.chance for t in trees)
+            if one_call:  # the extension learns it all: the two methods it replaces are not called
+                fast.observe_all = fast.observe_time = None
+            for plan in (ref, fast):
+                plan.observe_step(sids, outs, [len(k) for k in keep], wall, B + step % 3, model_ms=step % 2 * 1.5)
+            if one_call:
+                del fast.observe_all, fast.observe_time
+            same_state(ref, fast, keys)
+            continue
+        if step % 2:  # one call for the step's outcomes (one compiled call on the fast path), or one per sequence
             ref.observe_all(sids, outs)
             fast.observe_all(sids, outs)
         else:
             for sid, out in zip(sids, outs):
                 ref.observe(sid, out)
                 fast.observe(sid, out)
-        wall = rng.uniform(15, 60)
         for plan in (ref, fast):
             plan.observe_time([len(k) for k in keep], wall, B + step % 3)
         same_state(ref, fast, keys)

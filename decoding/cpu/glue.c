@@ -249,25 +249,21 @@ error:
 
 /* observe(fn, cfg, accs, flat, outcomes) -> (credit, columns) or None; the outcomes are of the flattened
  * trees, in their order (the caller checked) */
-static PyObject *observe_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "observe takes 5 arguments");
-        return NULL;
-    }
-    observe_fn fn = (observe_fn)addr(args[0]);
-    void *cfg = addr(args[1]), *accs = addr(args[2]);
-    if (PyErr_Occurred()) return NULL;
-    PyObject *blob = args[3], *outcomes = args[4];
-    if (!PyBytes_CheckExact(blob) || !PyList_CheckExact(outcomes)) Py_RETURN_NONE;
+/* planner_observe_batch over the flattened step and its outcomes' paths and rows: 1 and the
+ * window's credit and columns, 0 where it does not take the step (no error set), -1 on an error */
+static int observe_core(observe_fn fn, void *cfg, void *accs, PyObject *blob, PyObject *outcomes, int *credit_out,
+                        int *columns_out) {
+    if (!PyBytes_CheckExact(blob) || !PyList_CheckExact(outcomes)) return 0;
     Flat f;
     flat_view(PyBytes_AS_STRING(blob), &f);
-    if ((Py_ssize_t)flat_size(f.B, f.N) != PyBytes_GET_SIZE(blob) || PyList_GET_SIZE(outcomes) != f.B)
-        Py_RETURN_NONE;
+    if ((Py_ssize_t)flat_size(f.B, f.N) != PyBytes_GET_SIZE(blob) || PyList_GET_SIZE(outcomes) != f.B) return 0;
     /* rows: every outcome's dict keys, in order */
     PyObject **rows_of = calloc((size_t)f.B, sizeof(PyObject *));
-    if (!rows_of) return PyErr_NoMemory();
-    PyObject *result = NULL;
+    if (!rows_of) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int result = -1;
     Py_ssize_t R = 0;
     uint8_t *on_path = NULL;
     int32_t *rows = NULL;
@@ -316,22 +312,280 @@ static PyObject *observe_all(PyObject *self, PyObject *const *args, Py_ssize_t n
         }
     }
     row_offsets[f.B] = (int32_t)r;
-    int credit = 0, columns = 0;
     if (fn(cfg, accs, f.B, f.offsets, f.parents, f.depths, f.sources, f.group, f.candidate, row_offsets,
-           R ? rows : NULL, on_path, &credit, &columns) != 0) {
+           R ? rows : NULL, on_path, credit_out, columns_out) != 0) {
         PyErr_SetString(PyExc_MemoryError, "planner_observe_batch could not allocate its buffers");
         goto done;
     }
-    result = Py_BuildValue("(ii)", credit, columns);
+    result = 1;
     goto done;
 none:
-    result = Py_None;
-    Py_INCREF(result);
+    result = 0;
 done:
     for (int b = 0; b < f.B; b++) Py_XDECREF(rows_of[b]);
     free(rows_of);
     free(on_path);
     free(rows);
+    return result;
+}
+
+/* observe_all(fn, cfg, accs, flat, outcomes) -> (credit, columns) or None */
+static PyObject *observe_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "observe takes 5 arguments");
+        return NULL;
+    }
+    observe_fn fn = (observe_fn)addr(args[0]);
+    void *cfg = addr(args[1]), *accs = addr(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    int credit = 0, columns = 0;
+    const int rc = observe_core(fn, cfg, accs, args[3], args[4], &credit, &columns);
+    if (rc < 0) return NULL;
+    if (rc == 0) Py_RETURN_NONE;
+    return Py_BuildValue("(ii)", credit, columns);
+}
+
+/* planner.c's plan_cost, field for field (decoding/compiled.py PlanCost) */
+typedef struct {
+    const double *curve, *slope;
+    int curve_len, slope_len;
+    double per_seq_ms, floor_ms;
+    int64_t context, span;
+    const int64_t *contexts;
+} plan_cost;
+
+static double pmax(double a, double b) { return b > a ? b : a; } /* Python's max(a, b) */
+static double pmin(double a, double b) { return b < a ? b : a; } /* Python's min(a, b) */
+
+/* the float of a Python float or int, through *ok (0 where it is neither) */
+static double num(PyObject *v, int *ok) {
+    if (!v || !(PyFloat_Check(v) || PyLong_Check(v))) {
+        *ok = 0;
+        return 0.0;
+    }
+    const double x = PyFloat_AsDouble(v);
+    if (x == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        *ok = 0;
+    }
+    return x;
+}
+
+/* obj.name = value (a new reference, stolen); 0 on an error */
+static int set_new(PyObject *obj, PyObject *name, PyObject *value) {
+    if (!value) return 0;
+    const int rc = PyObject_SetAttr(obj, name, value);
+    Py_DECREF(value);
+    return rc == 0;
+}
+
+/* d[key] += add (ints, or a float and a double); 0 on an error */
+static int dict_add_int(PyObject *d, PyObject *key, long long add) {
+    PyObject *old = PyDict_GetItemWithError(d, key), *inc = PyLong_FromLongLong(add);
+    if (!old || !inc) {
+        Py_XDECREF(inc);
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+        return 0;
+    }
+    PyObject *sum = PyNumber_Add(old, inc);
+    Py_DECREF(inc);
+    if (!sum) return 0;
+    const int rc = PyDict_SetItem(d, key, sum);
+    Py_DECREF(sum);
+    return rc == 0;
+}
+
+static int dict_add_float(PyObject *d, PyObject *key, double add) {
+    PyObject *old = PyDict_GetItemWithError(d, key);
+    if (!old) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+        return 0;
+    }
+    int ok = 1;
+    const double v = num(old, &ok);
+    if (!ok) {
+        PyErr_SetString(PyExc_TypeError, "the planner's log holds a value that is not a number");
+        return 0;
+    }
+    PyObject *sum = PyFloat_FromDouble(v + add);
+    if (!sum) return 0;
+    const int rc = PyDict_SetItem(d, key, sum);
+    Py_DECREF(sum);
+    return rc == 0;
+}
+
+static PyObject *s_window_credit, *s_window_columns, *s_window_rate_, *s_seq_acc, *s_streak, *s_version, *s_sent_expect,
+    *s_cal, *s_calibration_, *s_ovh, *s_overhead_ms, *s_overhead_per_token, *s_log, *s_acceptance, *k_steps, *k_seq_steps,
+    *k_step_tokens, *k_new_tokens, *k_predicted_ms, *k_measured_ms, *k_one_token_ms;
+
+/* observe_step(fn, cfg, accs, flat, outcomes, planner, sids, step_tokens, wall_ms, new_tokens, model_ms, cost,
+ *              constants) -> True, or None (nothing changed: the planner's Python then takes the step)
+ *
+ * Planner.observe_all then Planner.observe_time in one call, the reference's arithmetic in its
+ * order: planner_observe_batch; the window's credit, columns and rate; each sequence's streak and
+ * the calibration's decayed sums; the forward's predicted and one-token time from the cost's
+ * tables (PlannerCore.forward_ms); the host time's decayed least-squares fit; the log. constants:
+ * (CAL_DECAY, CAL_WEIGHT, CAL_FLOOR, cfg.window_rate, cfg.window_weight, cfg.calibrate). Every
+ * field is read and checked before any changes. */
+static PyObject *observe_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "observe_step takes 13 arguments");
+        return NULL;
+    }
+    observe_fn fn = (observe_fn)addr(args[0]);
+    void *cfg = addr(args[1]), *accs = addr(args[2]);
+    const plan_cost *cost = addr(args[11]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *planner = args[5], *sids = args[6], *steps = args[7], *outcomes = args[4], *k = args[12];
+    int ok = 1;
+    const double wall_ms = num(args[8], &ok), model_ms = num(args[10], &ok);
+    if (!ok || !PyLong_Check(args[9]) || !PyList_CheckExact(sids) || !PyList_CheckExact(steps) ||
+        !PyList_CheckExact(outcomes) || !PyTuple_CheckExact(k) || PyTuple_GET_SIZE(k) != 6)
+        Py_RETURN_NONE;
+    const Py_ssize_t B = PyList_GET_SIZE(sids);
+    if (B < 1 || PyList_GET_SIZE(steps) != B || PyList_GET_SIZE(outcomes) != B) Py_RETURN_NONE;
+    const double cal_decay = num(PyTuple_GET_ITEM(k, 0), &ok), cal_weight = num(PyTuple_GET_ITEM(k, 1), &ok),
+                 cal_floor = num(PyTuple_GET_ITEM(k, 2), &ok), wrate = num(PyTuple_GET_ITEM(k, 3), &ok),
+                 wweight = num(PyTuple_GET_ITEM(k, 4), &ok);
+    const int calibrate = PyObject_IsTrue(PyTuple_GET_ITEM(k, 5));
+    if (!ok || calibrate < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    /* the step's tokens, and the cost's tables long enough for them (else forward_ms asks the cost) */
+    long long total = 0;
+    int32_t longest = 0;
+    for (Py_ssize_t b = 0; b < B; b++) {
+        int32_t t;
+        if (!as_i32(PyList_GET_ITEM(steps, b), &t) || t < 0) Py_RETURN_NONE;
+        total += t;
+        longest = t > longest ? t : longest;
+    }
+    if (total >= cost->curve_len || B >= cost->curve_len || (cost->span > 0 && longest >= cost->slope_len))
+        Py_RETURN_NONE;
+    /* the planner's fields this writes, each what the reference keeps there */
+    PyObject *fields[8] = {NULL};
+    PyObject *names[8] = {s_window_credit, s_window_columns, s_seq_acc, s_sent_expect, s_cal, s_ovh, s_log, s_version};
+    PyObject *result = NULL;
+    for (int i = 0; i < 8; i++)
+        if (!(fields[i] = PyObject_GetAttr(planner, names[i]))) goto done;
+    PyObject *credit0 = fields[0], *columns0 = fields[1], *seq_acc = fields[2], *sent = fields[3], *cal = fields[4],
+             *ovh = fields[5], *log = fields[6], *version = fields[7];
+    if (!(PyFloat_Check(credit0) || PyLong_Check(credit0)) || !PyLong_Check(columns0) || !PyDict_CheckExact(seq_acc) ||
+        !PyDict_CheckExact(sent) || !PyList_CheckExact(cal) || PyList_GET_SIZE(cal) != 2 || !PyList_CheckExact(ovh) ||
+        PyList_GET_SIZE(ovh) != 5 || !PyDict_CheckExact(log) || !PyLong_Check(version))
+        goto none;
+    double c[2], o[5];
+    for (int i = 0; i < 2; i++) c[i] = num(PyList_GET_ITEM(cal, i), &ok);
+    for (int i = 0; i < 5; i++) o[i] = num(PyList_GET_ITEM(ovh, i), &ok);
+    if (!ok) goto none;
+    for (Py_ssize_t b = 0; b < B; b++) {
+        PyObject *sid = PyList_GET_ITEM(sids, b), *e = PyDict_GetItemWithError(sent, sid);
+        if (!e && PyErr_Occurred()) goto done;
+        if (e && !(PyFloat_Check(e) || PyLong_Check(e))) goto none;
+    }
+    int credit = 0, columns = 0;
+    const int rc = observe_core(fn, cfg, accs, args[3], outcomes, &credit, &columns);
+    if (rc < 0) goto done;
+    if (rc == 0) goto none;
+    /* from here on the step is learnt: an error below leaves it half learnt, as the reference's would */
+    /* observe_all: the window's credit, columns and rate */
+    const double wc = num(credit0, &ok) + (double)credit;
+    PyObject *inc = PyLong_FromLong(columns), *cols = inc ? PyNumber_Add(columns0, inc) : NULL;
+    Py_XDECREF(inc);
+    if (!cols) goto done;
+    const double wcol = PyLong_AsDouble(cols);
+    if (!set_new(planner, s_window_columns, cols)) goto done;
+    if (!set_new(planner, s_window_credit, PyFloat_FromDouble(wc))) goto done;
+    if (!set_new(planner, s_window_rate_, PyFloat_FromDouble((wc + wrate * wweight) / (wcol + wweight)))) goto done;
+    /* each sequence: its streak, and what its step promised against what came */
+    double calibration = -1.0;
+    for (Py_ssize_t b = 0; b < B; b++) {
+        PyObject *sid = PyList_GET_ITEM(sids, b), *path = PyObject_GetAttr(PyList_GET_ITEM(outcomes, b), s_path);
+        if (!path) goto done;
+        const Py_ssize_t accepted = PyObject_Length(path) - 1;
+        Py_DECREF(path);
+        if (accepted < -1 || PyErr_Occurred()) goto done;
+        PyObject *acc = PyDict_GetItemWithError(seq_acc, sid);
+        if (acc) {
+            Py_INCREF(acc);
+        } else {
+            if (PyErr_Occurred()) goto done;
+            acc = PyObject_CallMethodOneArg(planner, s_acceptance, sid);
+            if (!acc) goto done;
+        }
+        const int set = PyObject_SetAttr(acc, s_streak, accepted > 0 ? Py_True : Py_False);
+        Py_DECREF(acc);
+        if (set != 0) goto done;
+        PyObject *e = PyDict_GetItemWithError(sent, sid);
+        double expected = 0.0;
+        if (e) {
+            expected = num(e, &ok);
+            if (PyDict_DelItem(sent, sid) != 0) goto done;
+        } else if (PyErr_Occurred()) {
+            goto done;
+        }
+        if (expected > 0) {
+            c[0] = cal_decay * c[0] + expected;
+            c[1] = cal_decay * c[1] + (double)accepted;
+            if (calibrate) calibration = pmin(1.0, pmax(cal_floor, (c[1] + cal_weight) / (c[0] + cal_weight)));
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        PyObject *v = PyFloat_FromDouble(c[i]);
+        if (!v || PyList_SetItem(cal, i, v) != 0) goto done;
+    }
+    if (calibration >= 0.0 && !set_new(planner, s_calibration_, PyFloat_FromDouble(calibration))) goto done;
+    /* observe_time: the forward's predicted and one-token time (PlannerCore.forward_ms), the host's
+     * time fitted as a + b x step tokens by decayed least squares, the log */
+    const double extra = cost->per_seq_ms * (double)(B - 1 > 0 ? B - 1 : 0);
+    double ms = cost->curve[total] + extra, one = cost->curve[B] + extra;
+    if (cost->contexts && cost->span > 0) {
+        for (Py_ssize_t b = 0; b < B; b++) {
+            const long t = PyLong_AsLong(PyList_GET_ITEM(steps, b));
+            ms += cost->slope[t] * (double)(cost->contexts[b] - cost->context) / (double)cost->span;
+        }
+        for (Py_ssize_t b = 0; b < B; b++)
+            one += cost->slope[1] * (double)(cost->contexts[b] - cost->context) / (double)cost->span;
+    }
+    const double predicted = pmax(ms, cost->floor_ms), one_token = pmax(one, cost->floor_ms);
+    const double x = (double)total, y = wall_ms - model_ms - predicted, v[5] = {1.0, x, y, x * x, x * y};
+    for (int i = 0; i < 5; i++) {
+        o[i] = 0.9 * o[i] + v[i];
+        PyObject *f = PyFloat_FromDouble(o[i]);
+        if (!f || PyList_SetItem(ovh, i, f) != 0) goto done;
+    }
+    const double mx = o[1] / o[0], my = o[2] / o[0], var = o[3] / o[0] - mx * mx;
+    if (!set_new(planner, s_overhead_per_token, PyFloat_FromDouble(var > 1.0 ? pmax(0.0, (o[4] / o[0] - mx * my) / var)
+                                                                                : 0.0)))
+        goto done;
+    if (!set_new(planner, s_overhead_ms, PyFloat_FromDouble(pmax(0.0, my)))) goto done;
+    PyObject *bumps = PyLong_FromSsize_t(B + 1), *bumped = bumps ? PyNumber_Add(version, bumps) : NULL;
+    Py_XDECREF(bumps);
+    if (!set_new(planner, s_version, bumped)) goto done;
+    if (!dict_add_int(log, k_steps, 1) || !dict_add_int(log, k_seq_steps, B) || !dict_add_int(log, k_step_tokens, total))
+        goto done;
+    PyObject *had = PyDict_GetItemWithError(log, k_new_tokens), *gained = had ? PyNumber_Add(had, args[9]) : NULL;
+    if (!had && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, k_new_tokens);
+    if (!gained || PyDict_SetItem(log, k_new_tokens, gained) != 0) {
+        Py_XDECREF(gained);
+        goto done;
+    }
+    Py_DECREF(gained);
+    if (!dict_add_float(log, k_predicted_ms, predicted + model_ms) || !dict_add_float(log, k_measured_ms, wall_ms) ||
+        !dict_add_float(log, k_one_token_ms, one_token))
+        goto done;
+    result = Py_True;
+    Py_INCREF(result);
+    goto done;
+none:
+    PyErr_Clear();
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    for (int i = 0; i < 8; i++) Py_XDECREF(fields[i]);
     return result;
 }
 
@@ -685,6 +939,9 @@ static PyMethodDef methods[] = {
      "append_tail(fn, to, tokens, start): fn(to, tokens[start:] as int32, n)'s code, or None"},
     {"draft", (PyCFunction)(void (*)(void))draft, METH_FASTCALL,
      "draft(fn, tree, sources, root, max_depth, cap, max_nodes, levels): (code, stage, tips) or None"},
+    {"observe_step", (PyCFunction)(void (*)(void))observe_step, METH_FASTCALL,
+     "observe_step(fn, cfg, accs, flat, outcomes, planner, sids, step_tokens, wall_ms, new_tokens, model_ms, cost, "
+     "constants): True, or None"},
     {"max_depth", (PyCFunction)(void (*)(void))max_depth, METH_FASTCALL,
      "max_depth(fn, cfg, cost, accs, B, sources, calibration): depths or None"},
     {NULL, NULL, 0, NULL}};
@@ -692,9 +949,17 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_decoding_glue", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__decoding_glue(void) {
-    const char *names[] = {"flat", "parents", "depths", "sources", "group", "candidate", "path", "rows"};
-    PyObject **slots[] = {&s_flat, &s_parents, &s_depths, &s_sources, &s_group, &s_candidate, &s_path, &s_rows};
-    for (int i = 0; i < 8; i++)
+    const char *names[] = {"flat", "parents", "depths", "sources", "group", "candidate", "path", "rows",
+                           "window_credit", "window_columns", "_window_rate", "seq_acc", "streak", "version",
+                           "_sent_expect", "_cal", "_calibration", "_ovh", "overhead_ms", "overhead_per_token", "log",
+                           "acceptance", "steps", "seq_steps", "step_tokens", "new_tokens", "predicted_ms",
+                           "measured_ms", "one_token_ms"};
+    PyObject **slots[] = {&s_flat, &s_parents, &s_depths, &s_sources, &s_group, &s_candidate, &s_path, &s_rows,
+                          &s_window_credit, &s_window_columns, &s_window_rate_, &s_seq_acc, &s_streak, &s_version,
+                          &s_sent_expect, &s_cal, &s_calibration_, &s_ovh, &s_overhead_ms, &s_overhead_per_token,
+                          &s_log, &s_acceptance, &k_steps, &k_seq_steps, &k_step_tokens, &k_new_tokens,
+                          &k_predicted_ms, &k_measured_ms, &k_one_token_ms};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*slots[i] = PyUnicode_InternFromString(names[i]))) return NULL;
     return PyModule_Create(&module);
 }
