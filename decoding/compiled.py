@@ -382,23 +382,33 @@ class PlannerCore:
 
 
     def observe_step(self, planner, sids: list[int], outcomes: list, step_tokens: list[int], wall_ms: float,
-                     new_tokens: int, model_ms: float, constants: tuple) -> bool:
+                     new_tokens: int, model_ms: float, constants: tuple, sources: Optional[int]):
         """``Planner.observe_all`` then ``observe_time`` in one call of the extension, when the
-        outcomes are of the trees the last ``select`` flattened, in that order; False (nothing
+        outcomes are of the trees the last ``select`` flattened, in that order; None (nothing
         learnt) otherwise: the planner then calls the two. ``constants``: the calibration's
-        decay, weight and floor, the config's window rate and weight and calibrate flag."""
+        decay, weight and floor, the config's window rate and weight and calibrate flag. With
+        ``sources`` (the proposer's, as the step's ``max_depth`` had them) the same call plans the
+        next step's depths for these sequences over their grown contexts and answers (depths,
+        contexts), its structures left ready as ``_prepare`` would leave them for those; else True."""
         fx = self._flat_ext
         if self._ext is None or fx is None or len(fx[0]) != len(outcomes):
-            return False
+            return None
         for o, t in zip(outcomes, fx[0]):
             if o.tree is not t:
-                return False
+                return None
         ready = self._ready  # _prepare's test, written out: select left all of it ready
-        ready = ready[3] if ready is not None and ready[1] is planner.contexts and \
+        entry = ready[3] if ready is not None and ready[1] is planner.contexts and \
             ready[2] == planner.version and ready[0] == sids else self._prepare(planner, sids)
-        return self._ext.observe_step(self._fn["observe_batch"], self._cfg_at, ready[1], fx[1], outcomes, planner,
-                                      sids, step_tokens, wall_ms, new_tokens, model_ms, self._cost_at,
-                                      constants) is True
+        buf = array("q", bytes(8 * len(sids)))
+        done = self._ext.observe_step(self._fn["observe_batch"], self._cfg_at, entry[1], fx[1], outcomes, planner,
+                                      sids, step_tokens, wall_ms, new_tokens, model_ms, self._cost_at, constants,
+                                      self._fn["max_depth"], -1 if sources is None else sources, buf)
+        if done is not None and done is not True:  # the next step's contexts and streaks are in place
+            entry[2] = planner.version
+            self._ctx_list, self._ctx_buf = done[1], buf
+            self._cost_args.contexts = buf.buffer_info()[0]
+            self._ready = (list(sids), done[1], planner.version, entry)
+        return done
 
 
 def planner_core(cost) -> Optional[PlannerCore]:

@@ -318,6 +318,11 @@ class Planner:
         # ``calibration`` and ``window_rate`` as of the last step, for the compiled calls: set where
         # their sums change, so that a step reads two numbers rather than calls two properties
         self._calibration, self._window_rate = self.calibration, self.window_rate
+        # the proposer's sources as the step's max_depth had them (None: not planned by max_depth), and
+        # the next step's depths where observe_step planned them: (sids, sources, contexts, depths,
+        # version), or None
+        self._sources: Optional[int] = None
+        self._next: Optional[tuple] = None
 
     # ---- estimates --------------------------------------------------------------------------
     def acceptance(self, sid: int) -> Acceptance:
@@ -364,8 +369,16 @@ class Planner:
         per unit of time along the best chain (rank 0, the best source at each depth).
         ``contexts``: the sequences' committed lengths, for a cost that depends on them (they
         hold for this step's ``select`` and ``observe_time`` too; a new list each step: the
-        compiled cost keeps its copy of the last list it was given)."""
-        self.contexts = contexts
+        compiled cost keeps its copy of the last list it was given). Where the last
+        ``observe_step`` planned this step in its call (these sequences, sources and contexts, the
+        planner unchanged since), its answer."""
+        nx = self._next
+        if nx is not None:
+            self._next = None
+            if nx[4] == self.version and nx[1] == sources and nx[0] == sids and nx[2] == contexts:
+                self.contexts = nx[2]  # the list the compiled structures were left ready with
+                return nx[3]
+        self.contexts, self._sources = contexts, sources
         if self._core is not None and (out := self._core.max_depth(self, sids, sources)) is not None:
             return out
         bits = _bits(sources & ~WINDOW) or [0]
@@ -401,7 +414,7 @@ class Planner:
     def step_times(self, sids: list[int], contexts: Optional[list[int]] = None) -> list[Callable[[int], float]]:
         """Per sequence, predicted ms of the step (forward + host) if it sends n step tokens and
         the rest of the batch one each: for a proposer that sizes its own drafts."""
-        self.contexts = contexts
+        self.contexts, self._sources = contexts, None
 
         def at(b: int) -> Callable[[int], float]:
             return lambda n: self._time([1] * b + [n] + [1] * (len(sids) - b - 1))
@@ -526,9 +539,12 @@ class Planner:
         NOTES.md)."""
         if self._core is not None:
             c = self.cfg
-            if self._core.observe_step(self, sids, outcomes, step_tokens, wall_ms, new_tokens, model_ms,
-                                       (CAL_DECAY, CAL_WEIGHT, CAL_FLOOR, c.window_rate, c.window_weight,
-                                        c.calibrate)):
+            done = self._core.observe_step(self, sids, outcomes, step_tokens, wall_ms, new_tokens, model_ms,
+                                           (CAL_DECAY, CAL_WEIGHT, CAL_FLOOR, c.window_rate, c.window_weight,
+                                            c.calibrate), self._sources)
+            if done is not None:
+                if done is not True:  # the next step's depths, planned in the same call
+                    self._next = (list(sids), self._sources, done[1], done[0], self.version)
                 return
         self.observe_all(sids, outcomes)
         self.observe_time(step_tokens, wall_ms, new_tokens, model_ms)

@@ -159,6 +159,40 @@ def test_random_steps_plan_select_and_learn_the_same(seed, glue):
         same_state(ref, fast, keys)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_step_learnt_in_one_call_plans_the_next_steps_depths_as_max_depth_would(seed):
+    """observe_step on the extension also plans the next step (every sequence going on, its context
+    grown by its new tokens): the next max_depth answers from it, without its compiled call, what
+    the reference computes; a batch that lost a sequence, other sources or other contexts are
+    planned by max_depth itself. Every learnt number stays the reference's."""
+    rng = random.Random(seed)
+    cfg = PlannerConfig(learn_overhead=seed % 2 == 0, calibrate=seed != 3)
+    ref, fast = pair(COST, cfg)
+    keys = all_keys()
+    sids, contexts, sources = [2, 7, 4][:1 + seed % 3], None, PLD | POOL | HARVEST | WINDOW
+    contexts = [rng.randrange(10, 900) for _ in sids]
+    calls = []
+    real = fast._core.max_depth
+    fast._core.max_depth = lambda *a: calls.append(1) or real(*a)
+    for step in range(20):
+        if step == 12 and len(sids) > 1:  # a sequence finished: the batch the next step planned is not this one
+            sids, contexts = sids[1:], contexts[1:]
+        if step == 15:
+            sources = PLD | RECYCLE
+        before = len(calls)
+        assert ref.max_depth(sids, sources, list(contexts)) == fast.max_depth(sids, sources, list(contexts))
+        assert len(calls) - before == (step in (0, 15) or (step == 12 and seed % 3 > 0)), step
+        trees = [random_tree(rng) for _ in sids]
+        keep = ref.select(sids, trees)
+        assert fast.select(sids, trees) == keep
+        outs = [outcome_of(rng, tree, k) for tree, k in zip(trees, keep)]
+        wall = rng.uniform(15, 60)
+        for plan in (ref, fast):
+            plan.observe_step(sids, outs, [len(k) for k in keep], wall, len(sids))
+        same_state(ref, fast, keys)
+        contexts = [c + len(o.new_tokens) for c, o in zip(contexts, outs)]
+
+
 def test_a_planner_starts_from_the_tables_an_earlier_planner_of_its_cost_made():
     """A later planner of the same cost copies the cost's tabulated curve and slope (the bench
     makes a planner per generate call) and plans, selects and learns as the reference does,

@@ -346,6 +346,18 @@ static PyObject *observe_all(PyObject *self, PyObject *const *args, Py_ssize_t n
     return Py_BuildValue("(ii)", credit, columns);
 }
 
+/* planner.c's plan_cfg and plan_acc, field for field (decoding/compiled.py PlanCfg, PlanAcc) */
+typedef struct {
+    double prior, prior_weight, explore, decay, min_gain;
+    int max_tokens, max_step_tokens, learn_overhead;
+    double overhead_ms, overhead_per_token, mean_x;
+} plan_cfg;
+
+typedef struct {
+    double *hits, *trials, *shared_hits, *shared_trials;
+    int streak;
+} plan_acc;
+
 /* planner.c's plan_cost, field for field (decoding/compiled.py PlanCost) */
 typedef struct {
     const double *curve, *slope;
@@ -418,25 +430,120 @@ static int dict_add_float(PyObject *d, PyObject *key, double add) {
 static PyObject *s_window_credit, *s_window_columns, *s_window_rate_, *s_seq_acc, *s_streak, *s_version, *s_sent_expect,
     *s_cal, *s_calibration_, *s_ovh, *s_overhead_ms, *s_overhead_per_token, *s_log, *s_acceptance, *k_steps, *k_seq_steps,
     *k_step_tokens, *k_new_tokens, *k_predicted_ms, *k_measured_ms, *k_one_token_ms;
+static PyObject *s_contexts;
+
+/* observe_step's plan of the next step (see there): (depths, contexts), True where it cannot, NULL on
+ * an error. o: the host-time fit's sums; calibration: the one just learnt, or < 0 (unchanged). */
+static PyObject *next_depths(PyObject *planner, PyObject *outcomes, Py_ssize_t B, max_depth_fn fn, long sources,
+                             PyObject *buf, plan_cfg *c, const plan_cost *cost, plan_acc *accs, const int *streaks,
+                             const double *o, double calibration) {
+    if (!fn || sources < 0) Py_RETURN_TRUE;
+    PyObject *ctx = PyObject_GetAttr(planner, s_contexts), *result = NULL, *depths = NULL, *next = NULL;
+    int32_t *out = NULL;
+    Py_buffer view = {0};
+    int viewed = 0;
+    if (!ctx) return NULL;
+    if (!PyList_CheckExact(ctx) || PyList_GET_SIZE(ctx) != B) {
+        result = Py_True;
+        Py_INCREF(result);
+        goto done;
+    }
+    if (PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE | PyBUF_FORMAT) != 0) goto done;
+    viewed = 1;
+    if (view.itemsize != 8 || view.len != 8 * B || !view.format || view.format[0] != 'q') {
+        PyErr_SetString(PyExc_ValueError, "next_contexts must be an int64 array of one entry a sequence");
+        goto done;
+    }
+    int64_t *grown = view.buf;
+    next = PyList_New(B);
+    if (!next) goto done;
+    for (Py_ssize_t b = 0; b < B; b++) {
+        PyObject *tokens = PyObject_GetAttr(PyList_GET_ITEM(outcomes, b), k_new_tokens);
+        if (!tokens) goto done;
+        const Py_ssize_t n = PyObject_Length(tokens);
+        Py_DECREF(tokens);
+        const long long was = PyLong_AsLongLong(PyList_GET_ITEM(ctx, b));
+        if (n < 0 || (was == -1 && PyErr_Occurred())) goto done;
+        grown[b] = was + n;
+        PyObject *v = PyLong_FromLongLong(grown[b]);
+        if (!v) goto done;
+        PyList_SET_ITEM(next, b, v);
+    }
+    /* what PlannerCore._prepare would set: the learnt host time and the streaks */
+    c->mean_x = o[0] > 0 ? o[1] / o[0] : 0.0;
+    {
+        int ok = 1;
+        PyObject *v = PyObject_GetAttr(planner, s_overhead_ms), *w = PyObject_GetAttr(planner, s_overhead_per_token);
+        c->overhead_ms = num(v, &ok);
+        c->overhead_per_token = num(w, &ok);
+        Py_XDECREF(v);
+        Py_XDECREF(w);
+        if (calibration < 0.0) {
+            PyObject *cal = PyObject_GetAttr(planner, s_calibration_);
+            calibration = num(cal, &ok);
+            Py_XDECREF(cal);
+        }
+        if (!ok) goto done;
+    }
+    for (Py_ssize_t b = 0; b < B; b++) accs[b].streak = streaks[b];
+    plan_cost at = *cost;
+    at.contexts = grown;
+    out = malloc(sizeof(int32_t) * (size_t)B);
+    if (!out) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (fn(c, &at, accs, (int)B, (int)sources, calibration, out) != 0) {
+        result = Py_True; /* short tables: the next max_depth grows them */
+        Py_INCREF(result);
+        goto done;
+    }
+    depths = PyList_New(B);
+    if (!depths) goto done;
+    for (Py_ssize_t b = 0; b < B; b++) {
+        PyObject *v = PyLong_FromLong(out[b]);
+        if (!v) goto done;
+        PyList_SET_ITEM(depths, b, v);
+    }
+    result = PyTuple_Pack(2, depths, next);
+done:
+    if (viewed) PyBuffer_Release(&view);
+    Py_XDECREF(ctx);
+    Py_XDECREF(depths);
+    Py_XDECREF(next);
+    free(out);
+    return result;
+}
+
+
 
 /* observe_step(fn, cfg, accs, flat, outcomes, planner, sids, step_tokens, wall_ms, new_tokens, model_ms, cost,
- *              constants) -> True, or None (nothing changed: the planner's Python then takes the step)
+ *              constants, max_depth_fn, sources, next_contexts) -> True, (depths, contexts) or None (nothing
+ *              changed: the planner's Python then takes the step)
  *
  * Planner.observe_all then Planner.observe_time in one call, the reference's arithmetic in its
  * order: planner_observe_batch; the window's credit, columns and rate; each sequence's streak and
  * the calibration's decayed sums; the forward's predicted and one-token time from the cost's
  * tables (PlannerCore.forward_ms); the host time's decayed least-squares fit; the log. constants:
  * (CAL_DECAY, CAL_WEIGHT, CAL_FLOOR, cfg.window_rate, cfg.window_weight, cfg.calibrate). Every
- * field is read and checked before any changes. */
+ * field is read and checked before any changes. With sources >= 0 (the proposer's, as the step's
+ * max_depth had them) and the planner's contexts those of this step's B sequences, it then plans
+ * the next step's depths as Planner.max_depth would if every sequence goes on, over each
+ * sequence's context grown by its new tokens (written to next_contexts, an int64 buffer of B):
+ * the learnt streaks and host time put where PlannerCore._prepare would put them, planner.c's
+ * max_depth called; it answers (depths, contexts as a list) then, True where the tables are short
+ * or the contexts are not this step's. */
 static PyObject *observe_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 13) {
-        PyErr_SetString(PyExc_TypeError, "observe_step takes 13 arguments");
+    if (nargs != 16) {
+        PyErr_SetString(PyExc_TypeError, "observe_step takes 16 arguments");
         return NULL;
     }
     observe_fn fn = (observe_fn)addr(args[0]);
     void *cfg = addr(args[1]), *accs = addr(args[2]);
     const plan_cost *cost = addr(args[11]);
+    max_depth_fn md_fn = (max_depth_fn)addr(args[13]);
+    const long sources = PyLong_AsLong(args[14]);
     if (PyErr_Occurred()) return NULL;
     PyObject *planner = args[5], *sids = args[6], *steps = args[7], *outcomes = args[4], *k = args[12];
     int ok = 1;
@@ -467,6 +574,7 @@ static PyObject *observe_step(PyObject *self, PyObject *const *args, Py_ssize_t 
         Py_RETURN_NONE;
     /* the planner's fields this writes, each what the reference keeps there */
     PyObject *fields[8] = {NULL};
+    int *streaks = NULL;
     PyObject *names[8] = {s_window_credit, s_window_columns, s_seq_acc, s_sent_expect, s_cal, s_ovh, s_log, s_version};
     PyObject *result = NULL;
     for (int i = 0; i < 8; i++)
@@ -502,6 +610,11 @@ static PyObject *observe_step(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (!set_new(planner, s_window_rate_, PyFloat_FromDouble((wc + wrate * wweight) / (wcol + wweight)))) goto done;
     /* each sequence: its streak, and what its step promised against what came */
     double calibration = -1.0;
+    streaks = malloc(sizeof(int) * (size_t)B);
+    if (!streaks) {
+        PyErr_NoMemory();
+        goto done;
+    }
     for (Py_ssize_t b = 0; b < B; b++) {
         PyObject *sid = PyList_GET_ITEM(sids, b), *path = PyObject_GetAttr(PyList_GET_ITEM(outcomes, b), s_path);
         if (!path) goto done;
@@ -516,6 +629,7 @@ static PyObject *observe_step(PyObject *self, PyObject *const *args, Py_ssize_t 
             acc = PyObject_CallMethodOneArg(planner, s_acceptance, sid);
             if (!acc) goto done;
         }
+        streaks[b] = accepted > 0;
         const int set = PyObject_SetAttr(acc, s_streak, accepted > 0 ? Py_True : Py_False);
         Py_DECREF(acc);
         if (set != 0) goto done;
@@ -577,8 +691,8 @@ static PyObject *observe_step(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (!dict_add_float(log, k_predicted_ms, predicted + model_ms) || !dict_add_float(log, k_measured_ms, wall_ms) ||
         !dict_add_float(log, k_one_token_ms, one_token))
         goto done;
-    result = Py_True;
-    Py_INCREF(result);
+    result = next_depths(planner, outcomes, B, md_fn, sources, args[15], (plan_cfg *)cfg, cost, (plan_acc *)accs,
+                         streaks, o, calibration);
     goto done;
 none:
     PyErr_Clear();
@@ -586,6 +700,7 @@ none:
     Py_INCREF(result);
 done:
     for (int i = 0; i < 8; i++) Py_XDECREF(fields[i]);
+    free(streaks);
     return result;
 }
 
@@ -941,7 +1056,7 @@ static PyMethodDef methods[] = {
      "draft(fn, tree, sources, root, max_depth, cap, max_nodes, levels): (code, stage, tips) or None"},
     {"observe_step", (PyCFunction)(void (*)(void))observe_step, METH_FASTCALL,
      "observe_step(fn, cfg, accs, flat, outcomes, planner, sids, step_tokens, wall_ms, new_tokens, model_ms, cost, "
-     "constants): True, or None"},
+     "constants, max_depth_fn, sources, next_contexts): True, (depths, contexts) or None"},
     {"max_depth", (PyCFunction)(void (*)(void))max_depth, METH_FASTCALL,
      "max_depth(fn, cfg, cost, accs, B, sources, calibration): depths or None"},
     {NULL, NULL, 0, NULL}};
@@ -953,12 +1068,12 @@ PyMODINIT_FUNC PyInit__decoding_glue(void) {
                            "window_credit", "window_columns", "_window_rate", "seq_acc", "streak", "version",
                            "_sent_expect", "_cal", "_calibration", "_ovh", "overhead_ms", "overhead_per_token", "log",
                            "acceptance", "steps", "seq_steps", "step_tokens", "new_tokens", "predicted_ms",
-                           "measured_ms", "one_token_ms"};
+                           "measured_ms", "one_token_ms", "contexts"};
     PyObject **slots[] = {&s_flat, &s_parents, &s_depths, &s_sources, &s_group, &s_candidate, &s_path, &s_rows,
                           &s_window_credit, &s_window_columns, &s_window_rate_, &s_seq_acc, &s_streak, &s_version,
                           &s_sent_expect, &s_cal, &s_calibration_, &s_ovh, &s_overhead_ms, &s_overhead_per_token,
                           &s_log, &s_acceptance, &k_steps, &k_seq_steps, &k_step_tokens, &k_new_tokens,
-                          &k_predicted_ms, &k_measured_ms, &k_one_token_ms};
+                          &k_predicted_ms, &k_measured_ms, &k_one_token_ms, &s_contexts};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*slots[i] = PyUnicode_InternFromString(names[i]))) return NULL;
     return PyModule_Create(&module);
