@@ -1,5 +1,5 @@
 """The decoding attention of two builds of the CPU library (argv: NAME=PATH.so ...) in one process,
-calls alternated: per shape the median over 9 rounds of each build's fastest of 5 x 10 calls (us),
+calls alternated: per shape the median over 5 rounds of each build's fastest of 5 x 10 calls (us),
 smollm2's heads (9 query, 3 kv, 64 dims), fp16 pools, 2 threads; causal rows, or a tree's mask over
 the last T keys; and whether the builds' outputs are equal bit for bit. Run from the repository root."""
 import ctypes
