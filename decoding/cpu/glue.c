@@ -392,22 +392,37 @@ static int set_new(PyObject *obj, PyObject *name, PyObject *value) {
     return rc == 0;
 }
 
-/* d[key] += add (ints, or a float and a double); 0 on an error */
-static int dict_add_int(PyObject *d, PyObject *key, long long add) {
-    PyObject *old = PyDict_GetItemWithError(d, key), *inc = PyLong_FromLongLong(add);
-    if (!old || !inc) {
-        Py_XDECREF(inc);
-        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+/* d[key] += add (add: a new reference, stolen; NULL: an error already set); 0 on an error */
+static int dict_add(PyObject *d, PyObject *key, PyObject *add) {
+    PyObject *old = add ? PyDict_GetItemWithError(d, key) : NULL;
+    if (!old) {
+        if (add && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+        Py_XDECREF(add);
         return 0;
     }
-    PyObject *sum = PyNumber_Add(old, inc);
-    Py_DECREF(inc);
+    PyObject *sum = PyNumber_Add(old, add);
+    Py_DECREF(add);
     if (!sum) return 0;
     const int rc = PyDict_SetItem(d, key, sum);
     Py_DECREF(sum);
     return rc == 0;
 }
 
+/* a list of the n ints of v, or NULL on an error */
+static PyObject *int32_list(const int32_t *v, Py_ssize_t n) {
+    PyObject *list = PyList_New(n);
+    for (Py_ssize_t i = 0; list && i < n; i++) {
+        PyObject *x = PyLong_FromLong(v[i]);
+        if (!x) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, x);
+    }
+    return list;
+}
+
+/* d[key] += add, a float and a double; 0 on an error */
 static int dict_add_float(PyObject *d, PyObject *key, double add) {
     PyObject *old = PyDict_GetItemWithError(d, key);
     if (!old) {
@@ -498,13 +513,7 @@ static PyObject *next_depths(PyObject *planner, PyObject *outcomes, Py_ssize_t B
         Py_INCREF(result);
         goto done;
     }
-    depths = PyList_New(B);
-    if (!depths) goto done;
-    for (Py_ssize_t b = 0; b < B; b++) {
-        PyObject *v = PyLong_FromLong(out[b]);
-        if (!v) goto done;
-        PyList_SET_ITEM(depths, b, v);
-    }
+    if (!(depths = int32_list(out, B))) goto done;
     result = PyTuple_Pack(2, depths, next);
 done:
     if (viewed) PyBuffer_Release(&view);
@@ -514,8 +523,6 @@ done:
     free(out);
     return result;
 }
-
-
 
 /* observe_step(fn, cfg, accs, flat, outcomes, planner, sids, step_tokens, wall_ms, new_tokens, model_ms, cost,
  *              constants, max_depth_fn, sources, next_contexts) -> True, (depths, contexts) or None (nothing
@@ -679,15 +686,9 @@ static PyObject *observe_step(PyObject *self, PyObject *const *args, Py_ssize_t 
     PyObject *bumps = PyLong_FromSsize_t(B + 1), *bumped = bumps ? PyNumber_Add(version, bumps) : NULL;
     Py_XDECREF(bumps);
     if (!set_new(planner, s_version, bumped)) goto done;
-    if (!dict_add_int(log, k_steps, 1) || !dict_add_int(log, k_seq_steps, B) || !dict_add_int(log, k_step_tokens, total))
+    if (!dict_add(log, k_steps, PyLong_FromLong(1)) || !dict_add(log, k_seq_steps, PyLong_FromSsize_t(B)) ||
+        !dict_add(log, k_step_tokens, PyLong_FromLongLong(total)) || !dict_add(log, k_new_tokens, Py_NewRef(args[9])))
         goto done;
-    PyObject *had = PyDict_GetItemWithError(log, k_new_tokens), *gained = had ? PyNumber_Add(had, args[9]) : NULL;
-    if (!had && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, k_new_tokens);
-    if (!gained || PyDict_SetItem(log, k_new_tokens, gained) != 0) {
-        Py_XDECREF(gained);
-        goto done;
-    }
-    Py_DECREF(gained);
     if (!dict_add_float(log, k_predicted_ms, predicted + model_ms) || !dict_add_float(log, k_measured_ms, wall_ms) ||
         !dict_add_float(log, k_one_token_ms, one_token))
         goto done;
@@ -724,15 +725,7 @@ static PyObject *max_depth(PyObject *self, PyObject *const *args, Py_ssize_t nar
         result = Py_None;
         Py_INCREF(result);
     } else {
-        result = PyList_New(B);
-        for (long b = 0; result && b < B; b++) {
-            PyObject *v = PyLong_FromLong(out[b]);
-            if (!v) {
-                Py_CLEAR(result);
-                break;
-            }
-            PyList_SET_ITEM(result, b, v);
-        }
+        result = int32_list(out, B);
     }
     free(out);
     return result;
