@@ -46,7 +46,7 @@ def _declare(lib: ctypes.CDLL) -> None:
 LIBRARY = cbuild.OnDemand("decoding-host", SOURCES, FLAGS, LIBS, _declare, "the step planner runs its Python reference")
 # the glue of select / observe_all / max_depth in C (decoding/cpu/glue.c, a CPython extension calling the
 # library's functions by their addresses), built on first use where this Python's headers are installed
-EXT = cbuild.OnDemandModule("_decoding_glue", [SOURCES[0].with_name("glue.c")],
+EXT = cbuild.OnDemandModule("_decoding_glue", [SOURCES[0].with_name("glue.c"), SOURCES[0].with_name("glue_step.c")],
                             "the planner's compiled calls are glued in Python (ctypes)")
 
 

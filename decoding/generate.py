@@ -13,11 +13,12 @@ from typing import Callable, Optional
 
 import torch
 
-from decoding import inputs
+from decoding import compiled, inputs
 from decoding.planner import Planner
 from decoding.proposer import Budget, Context, Outcome, Proposer, Sequence, SeqState
 from decoding.sampling import SamplingParams, probs_from_logits, sample
 from decoding.stats import SeqStats, StepClock
+from decoding.tree import SOURCE_NAMES, StepTree
 from decoding.verify import greedy_path
 from models.llama import Transformer
 from models.runner import ModelRunner, StepInput
@@ -120,13 +121,8 @@ def generate(
         bar = _progress_bar(progress, proposer.name, seqs)
         while active := batch.retire_finished():
             t0 = time.perf_counter()
-            outcomes = decode_step(runner, proposer, active, ctx, eos, planner, step_clock)
-            gained, sent, sids = 0, [], []  # plain loops: see decode_step
-            for s, o in zip(active, outcomes):
-                s.stats.record(o)
-                gained += len(o.new_tokens)
-                sent.append(o.sent)
-                sids.append(s.state.sid)
+            outcomes = decode_step(runner, proposer, active, ctx, eos, planner, step_clock, batch.glue)
+            gained, sent, sids = record(active, outcomes, batch.glue)  # each sequence's statistics
             if planner is not None:  # what the step's trees taught, and its time
                 planner.observe_step(sids, outcomes, sent, (time.perf_counter() - t0) * 1e3, gained, proposer.model_ms)
             if on_tokens is not None:
@@ -167,12 +163,12 @@ def _checked(model: Transformer, proposer, sampling, step_clock, prefill_chunk) 
 
 
 def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence], ctx: Context,
-                eos: set[int], planner: Optional[Planner] = None, clock: Optional[StepClock] = None
-                ) -> list[Outcome]:
+                eos: set[int], planner: Optional[Planner] = None, clock: Optional[StepClock] = None,
+                glue=None) -> list[Outcome]:
     """One step of every active sequence: propose -> (plan) -> forward -> verify -> commit ->
     update. A planner sends a subtree of each proposed tree; outcomes name the proposer's nodes
     (the caller has the planner learn from them: ``Planner.observe_step``, with the step's time).
-    ``clock`` is told when each phase ends.
+    ``clock`` is told when each phase ends; ``glue``: ``send``'s compiled twin (``compiled.glue()``).
 
     Written as plain loops, one per phase, calling the greedy walk directly for a proposer that
     keeps the common ``verify``: in this Python each comprehension and each function is a code object
@@ -203,16 +199,7 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
     trees = proposer.propose(states, budgets, ctx)
     mark("propose")
     keep = None if planner is None else planner.select(sids, trees)
-    sent, rows, inputs = [], [], []
-    for b, t in enumerate(trees):
-        if keep is not None and len(keep[b]) != len(t.tokens):
-            t = t.subtree(keep[b])[0]
-        sent.append(t)
-        r = {}  # node -> its logits row
-        for node in t.logit_nodes():
-            r[node] = len(r)
-        rows.append(r)
-        inputs.append(StepInput(sids[b], t.tokens, t.depths, None, list(r), None if t.is_chain() else t.parents))
+    sent, rows, inputs = send(sids, trees, keep, glue)
     mark("plan")
     greedy = ctx.sampling.temperature == 0.0  # ctx.sampling.greedy, written out
     if greedy:  # the argmax / top-k of every row, and the logits only if asked for
@@ -256,6 +243,45 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
     return outcomes
 
 
+def send(sids: list[int], trees: list[StepTree], keep: Optional[list[list[int]]], glue=None
+         ) -> tuple[list[StepTree], list[dict[int, int]], list[StepInput]]:
+    """What a step sends for each sequence: the tree (the proposer's, or its subtree of the nodes
+    ``keep`` names where that drops any), its nodes' logits rows (node -> row: the candidates and
+    the private nodes the proposer asked for) and the runner's input. The loop below is the
+    reference; ``glue.send`` (decoding/cpu/glue_step.c) builds the same objects in one call
+    (tests/test_compiled_step.py), where a step's few Python calls each paid their lines from
+    memory after the forward (bench/results/2026-11-28-cpu-elementwise/NOTES.md)."""
+    if glue is not None and (out := glue.send(trees, keep, sids, StepTree, StepInput)) is not None:
+        return out
+    sent, rows, inputs = [], [], []
+    for b, t in enumerate(trees):  # plain loops: see decode_step
+        if keep is not None and len(keep[b]) != len(t.tokens):
+            t = t.subtree(keep[b])[0]
+        sent.append(t)
+        r = {}  # node -> its logits row
+        for node in t.logit_nodes():
+            r[node] = len(r)
+        rows.append(r)
+        inputs.append(StepInput(sids[b], t.tokens, t.depths, None, list(r), None if t.is_chain() else t.parents))
+    return sent, rows, inputs
+
+
+def record(active: list[Sequence], outcomes: list[Outcome], glue=None) -> tuple[int, list[int], list[int]]:
+    """Each sequence's statistics of the step (``SeqStats.record``); returns the tokens the step
+    gained, the query tokens it sent per sequence and the sequences' ids (what the planner learns
+    from). ``glue.record`` (decoding/cpu/glue_step.c) does the same in one call where every
+    sequence keeps a plain ``SeqStats``; the loop below is the reference."""
+    if glue is not None and (out := glue.record(active, outcomes, SeqStats, SOURCE_NAMES)) is not None:
+        return out
+    gained, sent, sids = 0, [], []  # plain loops: see decode_step
+    for s, o in zip(active, outcomes):
+        s.stats.record(o)
+        gained += len(o.new_tokens)
+        sent.append(o.sent)
+        sids.append(s.state.sid)
+    return gained, sent, sids
+
+
 def _no_mark(phase: str) -> None:
     pass
 
@@ -280,6 +306,7 @@ class _Batch:
 
     def __init__(self, runner: ModelRunner, proposer: Proposer, seqs: list[Sequence]):
         self.runner, self.proposer, self.seqs = runner, proposer, seqs
+        self.glue = compiled.glue() if compiled.enabled() else None  # the step's compiled glue, if any
         self.results: list[Optional[GenerationResult]] = [None] * len(seqs)
         self.live: list[Sequence] = []
         for s in seqs:

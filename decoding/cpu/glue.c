@@ -1033,7 +1033,16 @@ none:
     Py_RETURN_NONE;
 }
 
+/* the generate loop's glue (glue_step.c) */
+int glue_step_init(void);
+PyObject *glue_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *glue_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
 static PyMethodDef methods[] = {
+    {"send", (PyCFunction)(void (*)(void))glue_send, METH_FASTCALL,
+     "send(trees, keep, sids, tree_cls, input_cls): generate.send's (sent, rows, inputs), or None"},
+    {"record", (PyCFunction)(void (*)(void))glue_record, METH_FASTCALL,
+     "record(active, outcomes, stats_cls, source_names): generate.record's (gained, sent, sids), or None"},
     {"learn", (PyCFunction)(void (*)(void))learn, METH_FASTCALL,
      "learn(fn, table, tokens, rows, path, top): recycle.learn_from into a compiled table; its code or None"},
     {"select", (PyCFunction)(void (*)(void))select_trees, METH_FASTCALL,
@@ -1069,5 +1078,6 @@ PyMODINIT_FUNC PyInit__decoding_glue(void) {
                           &k_predicted_ms, &k_measured_ms, &k_one_token_ms, &s_contexts};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*slots[i] = PyUnicode_InternFromString(names[i]))) return NULL;
+    if (glue_step_init() < 0) return NULL;
     return PyModule_Create(&module);
 }
