@@ -219,7 +219,24 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
         accepted[sid] = path
     runner.commit(accepted)
     mark("commit")
-    outcomes, learns = [], getattr(proposer.update, "__func__", None) is not Proposer.update  # ar, pld: nothing
+    outcomes = settle(proposer, active, trees, sent, rows, verdicts, reduced, keep, eos, glue)
+    mark("update")
+    return outcomes
+
+
+def settle(proposer: Proposer, active: list[Sequence], trees: list[StepTree], sent: list[StepTree],
+           rows: list[dict[int, int]], verdicts: list[tuple], reduced: list[tuple], keep: Optional[list[list[int]]],
+           eos: set[int], glue=None) -> list[Outcome]:
+    """Each sequence's step settled, sequence by sequence: the accepted drafts' tokens and the
+    bonus appended (cut at EOS or the sequence's length), the outcome named in the proposer's
+    nodes (a sent subtree's path and rows renamed) and the proposer's ``update`` with it.
+    ``glue.outcomes`` (decoding/cpu/glue_step.c) does the same in one call where every sequence
+    is a plain ``Sequence`` (tests/test_compiled_step.py); the loop below is the reference."""
+    learns = getattr(proposer.update, "__func__", None) is not Proposer.update  # ar, pld: nothing
+    if glue is not None and (out := glue.outcomes(active, trees, sent, rows, verdicts, reduced, keep, eos, Sequence,
+                                                  Outcome, proposer.update if learns else None)) is not None:
+        return out
+    outcomes = []
     for b, (s, tree, t, r, (path, bonus), (lg, top1, topk)) in enumerate(zip(active, trees, sent, rows, verdicts,
                                                                             reduced)):
         tokens, gained = t.tokens, []
@@ -239,7 +256,6 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
         outcomes.append(outcome)
         if learns:
             proposer.update(s.state, outcome)
-    mark("update")
     return outcomes
 
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from decoding import compiled
-from decoding.generate import Sequence, generate, record, send
+from decoding.generate import Sequence, generate, record, send, settle
 from decoding.methods import make_proposer
 from decoding.planner import Planner, PlannerConfig
-from decoding.proposer import Outcome, SeqState
+from decoding.proposer import Outcome, Proposer, SeqState
 from decoding.stats import SeqStats
 from decoding.tree import DRAFT, StepTree
 from helpers import ours_from_hf, tiny_hf_model
@@ -175,3 +175,71 @@ def test_generate_decodes_and_counts_alike_on_both_paths(method):
     finally:
         compiled.use_compiled(before)
     assert runs[0] == runs[1]
+
+
+class Learner(Proposer):
+    """Keeps what each update saw (and when: the sequence's tokens at the call)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def update(self, state, outcome):
+        self.seen.append((state.sid, list(state.tokens), outcome.path, list(outcome.rows.items()),
+                          outcome.new_tokens, outcome.sent))
+
+
+def settled(outcomes) -> list:
+    return [(o.tree, o.path, o.new_tokens, o.logits, list(o.rows.items()), o.sent, o._top1, o._topk)
+            for o in outcomes]
+
+
+def greedy_walk(rng: random.Random, tree: StepTree) -> tuple:
+    path = [0]
+    while (kids := list(tree.children[path[-1]].values())) and rng.random() < 0.7:
+        path.append(rng.choice(kids))
+    return path, rng.randrange(40)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_outcomes_settle_each_sequence_as_the_reference(glue, seed):
+    rng = random.Random(seed)
+    eos = {3, 7}
+    for _ in range(30):
+        B = rng.randrange(1, 5)
+        trees = [random_tree(rng) for _ in range(B)]
+        keep = None if rng.random() < 0.3 else [closed_subset(rng, t) for t in trees]
+        sids = list(range(B))
+        sent, rows, _ = send(sids, trees, keep)
+        verdicts = [greedy_walk(rng, t) for t in sent]
+        reduced = [(object(), [1, 2], [[1], [2]]) if rng.random() < 0.5 else (None, None, None) for _ in sids]
+        runs = []
+        for use in (glue, None):
+            seqs = []
+            for sid in sids:
+                r = random.Random(sid * 7 + seed)
+                prompt = [r.randrange(20) for _ in range(3)]
+                seqs.append(Sequence(SeqState(sid, prompt + [r.randrange(20) for _ in range(r.randrange(4))], 3),
+                                     r.randrange(1, 8)))
+            learner = Learner()
+            out = settle(learner, seqs, trees, sent, rows, verdicts, reduced, keep, eos, use)
+            runs.append((settled(out), [(s.state.tokens, s.finish) for s in seqs], learner.seen))
+        assert runs[0] == runs[1]
+    assert glue.outcomes([], [], [], [], [], [], None, eos, Sequence, Outcome, None) == []
+
+
+def test_outcomes_leave_other_sequences_to_the_reference_unchanged(glue):
+    class Mine(Sequence):  # a sequence class of its own append
+        def append(self, tokens, eos):
+            return []
+
+    t = StepTree.root(1)
+    t.add_chain([2, 3], 1)
+    sent, rows, _ = send([0], [t], None)
+    for seq in (Mine(SeqState(0, [1], 1), 5), Sequence(SeqState(0, [1], 1), 5)):
+        args = [[seq], [t], sent, rows, [([0, 1], 9)], [(None, None, None)], None, {3}, Sequence, Outcome, None]
+        if type(seq) is Mine:
+            assert glue.outcomes(*args) is None
+        else:
+            args[4] = [([0, 5], 9)]  # a path node outside the sent tree: the reference raises
+            assert glue.outcomes(*args) is None
+        assert seq.state.tokens == [1] and seq.finish is None

@@ -1037,12 +1037,16 @@ none:
 int glue_step_init(void);
 PyObject *glue_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *glue_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *glue_outcomes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 static PyMethodDef methods[] = {
     {"send", (PyCFunction)(void (*)(void))glue_send, METH_FASTCALL,
      "send(trees, keep, sids, tree_cls, input_cls): generate.send's (sent, rows, inputs), or None"},
     {"record", (PyCFunction)(void (*)(void))glue_record, METH_FASTCALL,
      "record(active, outcomes, stats_cls, source_names): generate.record's (gained, sent, sids), or None"},
+    {"outcomes", (PyCFunction)(void (*)(void))glue_outcomes, METH_FASTCALL,
+     "outcomes(active, trees, sent, rows, verdicts, reduced, keep, eos, seq_cls, outcome_cls, update): "
+     "generate.settle's outcomes, or None"},
     {"learn", (PyCFunction)(void (*)(void))learn, METH_FASTCALL,
      "learn(fn, table, tokens, rows, path, top): recycle.learn_from into a compiled table; its code or None"},
     {"select", (PyCFunction)(void (*)(void))select_trees, METH_FASTCALL,

@@ -10,13 +10,18 @@
  *   tallied by (source bits, accepted) in the order the rows meet them, each tally added to its
  *   sources' names in ``SOURCE_NAMES``' order: the counters gain their keys in the reference's
  *   order too).
+ * - outcomes(active, trees, sent, rows, verdicts, reduced, keep, eos, seq_cls, outcome_cls, update) ->
+ *   outcomes or None: ``settle``'s loop in one call, sequence by sequence: the accepted tokens and
+ *   the bonus appended as ``Sequence.append`` appends them (cut at EOS or the length, ``finish``
+ *   set alike), the sent subtree's path and rows renamed, the ``Outcome`` made, then the
+ *   proposer's ``update`` (None: none) called with it before the next sequence.
  *
  * Why: after a forward each Python call of a step pays its lines from memory; these loops were
  * about a tenth of a planned tree step's host time (bench/results/2026-11-28-cpu-one-step/NOTES.md).
  * Each answers None, having changed nothing, where an object is not what the reference's fast
- * case expects (a tree of another class with its own methods, a keep list that is not increasing
- * or drops a kept node's parent, a statistics object of another class, a node outside its tree):
- * the Python reference then runs, and raises what it raises. tests/test_compiled_step.py holds
+ * case expects (a tree or sequence of another class with its own methods, a keep list that is
+ * not increasing or drops a kept node's parent, a statistics object of another class, a node
+ * outside its tree): the Python reference then runs, and raises what it raises. tests/test_compiled_step.py holds
  * both equal. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -26,6 +31,7 @@
 
 static PyObject *a_tokens, *a_parents, *a_depths, *a_sources, *a_candidate, *a_group, *a_extra, *a_chance, *a_pinned;
 static PyObject *a_subtree, *a_logit_nodes, *a_is_chain;
+static PyObject *a_prompt_len, *a_max_new, *a_finish, *a_top1, *a_topk, *s_eos, *s_length;
 static PyObject *a_stats, *a_state, *a_sid, *a_tree, *a_path, *a_rows, *a_new_tokens, *a_sent, *a_forwards,
     *a_step_tokens, *a_accepted_hist, *a_proposed, *a_accepted, *a_accept_lengths;
 
@@ -33,11 +39,13 @@ int glue_step_init(void) {
     const char *names[] = {"tokens", "parents", "depths", "sources", "candidate", "group", "extra_logits", "chance",
                            "pinned", "subtree", "logit_nodes", "is_chain", "stats", "state", "sid", "tree", "path",
                            "rows", "new_tokens", "sent", "forwards", "step_tokens", "accepted_hist", "proposed",
-                           "accepted", "accept_lengths"};
+                           "accepted", "accept_lengths", "prompt_len", "max_new_tokens", "finish", "_top1", "_topk",
+                           "eos", "length"};
     PyObject **slots[] = {&a_tokens, &a_parents, &a_depths, &a_sources, &a_candidate, &a_group, &a_extra, &a_chance,
                           &a_pinned, &a_subtree, &a_logit_nodes, &a_is_chain, &a_stats, &a_state, &a_sid, &a_tree,
                           &a_path, &a_rows, &a_new_tokens, &a_sent, &a_forwards, &a_step_tokens, &a_accepted_hist,
-                          &a_proposed, &a_accepted, &a_accept_lengths};
+                          &a_proposed, &a_accepted, &a_accept_lengths, &a_prompt_len, &a_max_new, &a_finish, &a_top1,
+                          &a_topk, &s_eos, &s_length};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*slots[i] = PyUnicode_InternFromString(names[i]))) return -1;
     return 0;
@@ -545,6 +553,196 @@ PyObject *glue_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         out = Py_None;
     }
     for (Py_ssize_t b = 0; b < B; b++) release(&steps[b]);
+    free(steps);
+    return out;
+}
+
+/* ---- outcomes ---- */
+
+/* one sequence's step, read and checked before anything changes (references borrowed from the
+ * call's lists, or new where named) */
+typedef struct {
+    PyObject *seq, *state, *tokens, *tree, *sent_tokens, *rows, *path, *bonus, *lg, *top1, *topk, *kept;
+    Py_ssize_t prompt_len, max_new;
+} settle_t;
+
+static void settle_release(settle_t *s) {
+    Py_XDECREF(s->state);
+    Py_XDECREF(s->tokens);
+    Py_XDECREF(s->sent_tokens);
+}
+
+/* 1 taken, 0 not (no error set), -1 on an error */
+static int settle_read(PyObject *const *args, Py_ssize_t b, PyObject *seq_cls, settle_t *s) {
+    PyObject *active = args[0], *trees = args[1], *sent = args[2], *rows = args[3], *verdicts = args[4],
+             *reduced = args[5], *keep = args[6];
+    s->seq = PyList_GET_ITEM(active, b);
+    s->tree = PyList_GET_ITEM(trees, b);
+    s->rows = PyList_GET_ITEM(rows, b);
+    PyObject *v = PyList_GET_ITEM(verdicts, b), *red = PyList_GET_ITEM(reduced, b);
+    if ((PyObject *)Py_TYPE(s->seq) != seq_cls || !PyDict_CheckExact(s->rows) || !PyTuple_CheckExact(v) ||
+        PyTuple_GET_SIZE(v) != 2 || !PyTuple_CheckExact(red) || PyTuple_GET_SIZE(red) != 3)
+        return 0;
+    s->path = PyTuple_GET_ITEM(v, 0);
+    s->bonus = PyTuple_GET_ITEM(v, 1);
+    s->lg = PyTuple_GET_ITEM(red, 0);
+    s->top1 = PyTuple_GET_ITEM(red, 1);
+    s->topk = PyTuple_GET_ITEM(red, 2);
+    if (!PyList_CheckExact(s->path) || PyList_GET_SIZE(s->path) < 1) return 0;
+    if (!(s->state = PyObject_GetAttr(s->seq, a_state))) return -1;
+    if (!(s->tokens = list_attr(s->state, a_tokens, -1))) return PyErr_Occurred() ? -1 : 0;
+    PyObject *pl = PyObject_GetAttr(s->state, a_prompt_len), *mx = pl ? PyObject_GetAttr(s->seq, a_max_new) : NULL;
+    const int ints = mx && PyLong_CheckExact(pl) && PyLong_CheckExact(mx);
+    s->prompt_len = ints ? PyLong_AsSsize_t(pl) : -1;
+    s->max_new = ints ? PyLong_AsSsize_t(mx) : -1;
+    Py_XDECREF(pl);
+    Py_XDECREF(mx);
+    if (PyErr_Occurred()) return -1;
+    if (!ints) return 0;
+    PyObject *st = PyList_GET_ITEM(sent, b);
+    if (!(s->sent_tokens = list_attr(st, a_tokens, -1))) return PyErr_Occurred() ? -1 : 0;
+    const Py_ssize_t n = PyList_GET_SIZE(s->sent_tokens);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(s->path); i++)
+        if (node_of(PyList_GET_ITEM(s->path, i), n) < 0) return 0; /* tokens[n]: a node of the sent tree */
+    s->kept = NULL;
+    if (keep != Py_None) {
+        PyObject *k = PyList_GET_ITEM(keep, b), *tt = list_attr(s->tree, a_tokens, -1);
+        if (!tt) return PyErr_Occurred() ? -1 : 0;
+        const Py_ssize_t tn = PyList_GET_SIZE(tt);
+        Py_DECREF(tt);
+        if (!PyList_CheckExact(k)) return 0;
+        if (PyList_GET_SIZE(k) != tn) { /* renamed: every path node and row key a place in keep */
+            const Py_ssize_t m = PyList_GET_SIZE(k);
+            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(s->path); i++)
+                if (node_of(PyList_GET_ITEM(s->path, i), m) < 0) return 0;
+            Py_ssize_t pos = 0;
+            PyObject *key, *value;
+            while (PyDict_Next(s->rows, &pos, &key, &value))
+                if (node_of(key, m) < 0) return 0;
+            s->kept = k;
+        }
+    }
+    return 1;
+}
+
+/* Sequence.append(gained, eos): the tokens appended (a new list); NULL on an error */
+static PyObject *append_seq(settle_t *s, PyObject *gained, PyObject *eos) {
+    const Py_ssize_t room = s->max_new - (PyList_GET_SIZE(s->tokens) - s->prompt_len);
+    const Py_ssize_t take = room < 0 ? 0 : room < PyList_GET_SIZE(gained) ? room : PyList_GET_SIZE(gained);
+    PyObject *added = PyList_New(0), *finish = NULL;
+    if (!added) return NULL;
+    for (Py_ssize_t i = 0; i < take; i++) {
+        PyObject *t = PyList_GET_ITEM(gained, i);
+        if (PyList_Append(s->tokens, t) < 0 || PyList_Append(added, t) < 0) goto error;
+        const int end = PySet_Contains(eos, t);
+        if (end < 0) goto error;
+        if (end) {
+            finish = s_eos;
+            break;
+        }
+    }
+    if (!finish && room - PyList_GET_SIZE(added) <= 0) {
+        PyObject *now = PyObject_GetAttr(s->seq, a_finish);
+        if (!now) goto error;
+        if (now == Py_None) finish = s_length;
+        Py_DECREF(now);
+    }
+    if (finish && PyObject_SetAttr(s->seq, a_finish, finish) < 0) goto error;
+    return added;
+error:
+    Py_DECREF(added);
+    return NULL;
+}
+
+PyObject *glue_outcomes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "outcomes takes 11 arguments");
+        return NULL;
+    }
+    PyObject *active = args[0], *keep = args[6], *eos = args[7], *seq_cls = args[8], *outcome_cls = args[9],
+             *update = args[10];
+    if (!PyList_CheckExact(active) || !PyAnySet_Check(eos)) Py_RETURN_NONE;
+    const Py_ssize_t B = PyList_GET_SIZE(active);
+    for (int j = 1; j < 6; j++)
+        if (!PyList_CheckExact(args[j]) || PyList_GET_SIZE(args[j]) != B) Py_RETURN_NONE;
+    if (keep != Py_None && (!PyList_CheckExact(keep) || PyList_GET_SIZE(keep) != B)) Py_RETURN_NONE;
+    settle_t *steps = calloc((size_t)B + 1, sizeof(settle_t));
+    if (!steps) return PyErr_NoMemory();
+    PyObject *out = NULL;
+    int rc = 1;
+    for (Py_ssize_t b = 0; b < B && rc == 1; b++) rc = settle_read(args, b, seq_cls, &steps[b]);
+    if (rc == 0) {
+        Py_INCREF(Py_None);
+        out = Py_None;
+    }
+    if (rc != 1) goto done;
+    out = PyList_New(B);
+    for (Py_ssize_t b = 0; out && b < B; b++) {
+        settle_t *s = &steps[b];
+        const Py_ssize_t P = PyList_GET_SIZE(s->path);
+        PyObject *gained = PyList_New(P), *new = NULL, *path = s->path, *rows = s->rows, *o = NULL;
+        if (!gained) goto fail;
+        for (Py_ssize_t i = 1; i < P; i++) {
+            PyObject *t = PyList_GET_ITEM(s->sent_tokens, node_of(PyList_GET_ITEM(s->path, i), PY_SSIZE_T_MAX));
+            Py_INCREF(t);
+            PyList_SET_ITEM(gained, i - 1, t);
+        }
+        Py_INCREF(s->bonus);
+        PyList_SET_ITEM(gained, P - 1, s->bonus);
+        new = append_seq(s, gained, eos);
+        Py_DECREF(gained);
+        if (!new) goto fail;
+        Py_INCREF(path);
+        Py_INCREF(rows);
+        if (s->kept) { /* the sent subtree's nodes named as the proposer's */
+            Py_DECREF(path);
+            Py_DECREF(rows);
+            path = PyList_New(P);
+            rows = PyDict_New();
+            if (!path || !rows) goto fail_new;
+            for (Py_ssize_t i = 0; i < P; i++) {
+                PyObject *k = PyList_GET_ITEM(s->kept, node_of(PyList_GET_ITEM(s->path, i), PY_SSIZE_T_MAX));
+                Py_INCREF(k);
+                PyList_SET_ITEM(path, i, k);
+            }
+            Py_ssize_t pos = 0;
+            PyObject *key, *value;
+            while (PyDict_Next(s->rows, &pos, &key, &value))
+                if (PyDict_SetItem(rows, PyList_GET_ITEM(s->kept, node_of(key, PY_SSIZE_T_MAX)), value) < 0)
+                    goto fail_new;
+        }
+        {
+            PyObject *n_sent = PyLong_FromSsize_t(PyList_GET_SIZE(s->sent_tokens));
+            if (!n_sent) goto fail_new;
+            PyObject *o_args[6] = {s->tree, path, new, s->lg, rows, n_sent};
+            o = PyObject_Vectorcall(outcome_cls, o_args, 6, NULL);
+            Py_DECREF(n_sent);
+        }
+        Py_DECREF(new);
+        Py_DECREF(path);
+        Py_DECREF(rows);
+        if (!o || PyObject_SetAttr(o, a_top1, s->top1) < 0 || PyObject_SetAttr(o, a_topk, s->topk) < 0) {
+            Py_XDECREF(o);
+            goto fail;
+        }
+        PyList_SET_ITEM(out, b, o);
+        if (update != Py_None) {
+            PyObject *u_args[2] = {s->state, o};
+            PyObject *r = PyObject_Vectorcall(update, u_args, 2, NULL);
+            if (!r) goto fail;
+            Py_DECREF(r);
+        }
+        continue;
+    fail_new:
+        Py_DECREF(new);
+        Py_XDECREF(path);
+        Py_XDECREF(rows);
+    fail:
+        Py_CLEAR(out);
+    }
+done:
+    for (Py_ssize_t b = 0; b < B; b++) settle_release(&steps[b]);
     free(steps);
     return out;
 }
