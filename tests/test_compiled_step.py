@@ -243,3 +243,13 @@ def test_outcomes_leave_other_sequences_to_the_reference_unchanged(glue):
             args[4] = [([0, 5], 9)]  # a path node outside the sent tree: the reference raises
             assert glue.outcomes(*args) is None
         assert seq.state.tokens == [1] and seq.finish is None
+
+
+def test_send_leaves_a_tree_of_unequal_fields_to_the_reference(glue):
+    from models.runner import StepInput
+
+    t = StepTree.root(5)
+    t.add_chain([1, 2], 1)
+    t.candidate.append(True)  # one more candidate than tokens: logit_nodes counts the tokens
+    assert glue.send([t], None, [0], StepTree, StepInput) is None
+    assert send([0], [t], None, glue)[1] == [{0: 0, 1: 1, 2: 2}]

@@ -251,6 +251,9 @@ static int rows_of(PyObject *t, PyObject **rows, PyObject **nodes, PyObject **pa
     int rc = -1;
     if (!(cand = list_attr(t, a_candidate, -1))) goto fail;
     const Py_ssize_t n = PyList_GET_SIZE(cand);
+    PyObject *tokens = list_attr(t, a_tokens, n); /* logit_nodes counts the tokens */
+    if (!tokens) goto fail;
+    Py_DECREF(tokens);
     if (!(*parents = list_attr(t, a_parents, n))) goto fail;
     if (!(extra = PyObject_GetAttr(t, a_extra))) goto fail;
     if (!PyAnySet_Check(extra)) goto fail;
