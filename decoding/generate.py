@@ -168,7 +168,8 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
     """One step of every active sequence: propose -> (plan) -> forward -> verify -> commit ->
     update. A planner sends a subtree of each proposed tree; outcomes name the proposer's nodes
     (the caller has the planner learn from them: ``Planner.observe_step``, with the step's time).
-    ``clock`` is told when each phase ends; ``glue``: ``send``'s compiled twin (``compiled.glue()``).
+    ``clock`` is told when each phase ends; ``glue``: the compiled twins of ``send`` and ``settle``
+    (``compiled.glue()``).
 
     Written as plain loops, one per phase, calling the greedy walk directly for a proposer that
     keeps the common ``verify``: in this Python each comprehension and each function is a code object
