@@ -15,6 +15,7 @@ the reference, for comparison (the same switch as the step's packing, models/pac
 """
 
 import ctypes
+import dataclasses
 import math
 from array import array
 from pathlib import Path
@@ -60,6 +61,25 @@ def use_extension(on: bool) -> bool:
 def glue():
     """The extension's module where it is switched on and built, else None."""
     return EXT.get() if cbuild.host_glue() else None
+
+
+def maker(cls: type):
+    """How the glue makes an instance of ``cls`` (decoding/cpu/glue_step.c ``make``): ``(cls, field
+    names)`` where ``cls`` is a dataclass whose generated ``__init__`` only assigns its fields in
+    order (the glue then sets them on ``object.__new__(cls)``, the same instance without the call's
+    Python frame: after a forward each frame costs its lines from memory), else ``cls`` itself
+    (called, its own ``__init__`` run)."""
+    params = getattr(cls, "__dataclass_params__", None)
+    code = getattr(cls.__dict__.get("__init__"), "__code__", None)  # the generated one was compiled from a string
+    if (params is None or not params.init or params.frozen or hasattr(cls, "__post_init__")
+            or "__slots__" in cls.__dict__ or getattr(code, "co_filename", None) != "<string>"):
+        return cls
+    names = []
+    for f in dataclasses.fields(cls):  # the generated __init__ assigns an init=False field its plain default
+        if not f.init and f.default is dataclasses.MISSING:
+            return cls
+        names.append(f.name)
+    return cls, tuple(names)
 
 
 def available() -> bool:

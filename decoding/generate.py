@@ -235,7 +235,7 @@ def settle(proposer: Proposer, active: list[Sequence], trees: list[StepTree], se
     is a plain ``Sequence`` (tests/test_compiled_step.py); the loop below is the reference."""
     learns = getattr(proposer.update, "__func__", None) is not Proposer.update  # ar, pld: nothing
     if glue is not None and (out := glue.outcomes(active, trees, sent, rows, verdicts, reduced, keep, eos, Sequence,
-                                                  Outcome, proposer.update if learns else None)) is not None:
+                                                  _MAKE_OUTCOME, proposer.update if learns else None)) is not None:
         return out
     outcomes = []
     for b, (s, tree, t, r, (path, bonus), (lg, top1, topk)) in enumerate(zip(active, trees, sent, rows, verdicts,
@@ -260,6 +260,10 @@ def settle(proposer: Proposer, active: list[Sequence], trees: list[StepTree], se
     return outcomes
 
 
+# how the glue makes the step's objects (compiled.maker: the dataclasses' fields set in C)
+_MAKE_TREE, _MAKE_INPUT, _MAKE_OUTCOME = compiled.maker(StepTree), compiled.maker(StepInput), compiled.maker(Outcome)
+
+
 def send(sids: list[int], trees: list[StepTree], keep: Optional[list[list[int]]], glue=None
          ) -> tuple[list[StepTree], list[dict[int, int]], list[StepInput]]:
     """What a step sends for each sequence: the tree (the proposer's, or its subtree of the nodes
@@ -268,7 +272,7 @@ def send(sids: list[int], trees: list[StepTree], keep: Optional[list[list[int]]]
     reference; ``glue.send`` (decoding/cpu/glue_step.c) builds the same objects in one call
     (tests/test_compiled_step.py), where a step's few Python calls each paid their lines from
     memory after the forward (bench/results/2026-11-28-cpu-elementwise/NOTES.md)."""
-    if glue is not None and (out := glue.send(trees, keep, sids, StepTree, StepInput)) is not None:
+    if glue is not None and (out := glue.send(trees, keep, sids, _MAKE_TREE, _MAKE_INPUT)) is not None:
         return out
     sent, rows, inputs = [], [], []
     for b, t in enumerate(trees):  # plain loops: see decode_step

@@ -52,6 +52,8 @@ def same_send(a, b) -> None:
     assert [fields(t) for t in sent_a] == [fields(t) for t in sent_b]
     assert [list(r.items()) for r in rows_a] == [list(r.items()) for r in rows_b]
     assert in_a == in_b
+    for made, ref in zip(sent_a + in_a, sent_b + in_b):  # made in C as __init__ makes them: even vars' order
+        assert type(made) is type(ref) and list(vars(made)) == list(vars(ref))
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -189,8 +191,8 @@ class Learner(Proposer):
 
 
 def settled(outcomes) -> list:
-    return [(o.tree, o.path, o.new_tokens, o.logits, list(o.rows.items()), o.sent, o._top1, o._topk)
-            for o in outcomes]
+    return [(type(o), list(vars(o)), o.tree, o.path, o.new_tokens, o.logits, list(o.rows.items()), o.sent, o._top1,
+             o._topk) for o in outcomes]
 
 
 def greedy_walk(rng: random.Random, tree: StepTree) -> tuple:
@@ -253,3 +255,40 @@ def test_send_leaves_a_tree_of_unequal_fields_to_the_reference(glue):
     t.candidate.append(True)  # one more candidate than tokens: logit_nodes counts the tokens
     assert glue.send([t], None, [0], StepTree, StepInput) is None
     assert send([0], [t], None, glue)[1] == [{0: 0, 1: 1, 2: 2}]
+
+
+def test_the_glue_makes_only_plain_dataclasses_without_their_init():
+    """compiled.maker: (class, fields) for a dataclass whose generated __init__ only assigns (the glue
+    then sets the fields itself), the class where an __init__ of its own must run."""
+    from dataclasses import dataclass, field
+
+    @dataclass
+    class Plain:
+        a: int
+        b: list = field(default_factory=list)
+        c: int = field(default=0, init=False)
+
+    @dataclass
+    class Post(Plain):
+        def __post_init__(self):
+            self.c = 1
+
+    @dataclass(frozen=True)
+    class Frozen:
+        a: int
+
+    @dataclass(init=False)
+    class Own:
+        a: int
+
+        def __init__(self, a):
+            self.a = a + 1
+
+    @dataclass
+    class Factory:
+        a: int
+        b: list = field(default_factory=list, init=False)
+
+    assert compiled.maker(Plain) == (Plain, ("a", "b", "c"))
+    assert all(compiled.maker(c) is c for c in (Post, Frozen, Own, Factory, dict))
+    assert compiled.maker(StepTree)[1][0] == "tokens" and compiled.maker(Outcome)[1][-2:] == ("_top1", "_topk")

@@ -35,6 +35,8 @@ static PyObject *a_prompt_len, *a_max_new, *a_finish, *a_top1, *a_topk, *s_eos, 
 static PyObject *a_stats, *a_state, *a_sid, *a_tree, *a_path, *a_rows, *a_new_tokens, *a_sent, *a_forwards,
     *a_step_tokens, *a_accepted_hist, *a_proposed, *a_accepted, *a_accept_lengths;
 
+static PyObject *no_args; /* () */
+
 int glue_step_init(void) {
     const char *names[] = {"tokens", "parents", "depths", "sources", "candidate", "group", "extra_logits", "chance",
                            "pinned", "subtree", "logit_nodes", "is_chain", "stats", "state", "sid", "tree", "path",
@@ -48,7 +50,7 @@ int glue_step_init(void) {
                           &a_topk, &s_eos, &s_length};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*slots[i] = PyUnicode_InternFromString(names[i]))) return -1;
-    return 0;
+    return (no_args = PyTuple_New(0)) ? 0 : -1;
 }
 
 /* NULL with no error set: "not taken here" (the reference runs) */
@@ -147,8 +149,38 @@ static int remap(PyObject *src, const int32_t *new_of, Py_ssize_t n, PyObject *o
 /* l[0] = v (a new reference, stolen; NULL: an error is set) */
 static int set_first(PyObject *l, PyObject *v) { return v ? PyList_SetItem(l, 0, v) : -1; }
 
+/* An instance made as ``how`` says: a class, called with the first n_init values (the rest then set
+ * as the attributes late names); or (cls, names) for a dataclass whose generated __init__ only
+ * assigns its fields (decoding/compiled.py ``maker``): object.__new__(cls), then names[i] = values[i]
+ * in order, the instance that __init__ and the late assignments make, without __init__'s Python
+ * frame. New reference, or NULL with an error set. */
+static PyObject *make(PyObject *how, PyObject *const *values, Py_ssize_t n_init, Py_ssize_t n, PyObject *const *late) {
+    if (PyTuple_CheckExact(how)) {
+        PyObject *cls = PyTuple_GET_ITEM(how, 0), *names = PyTuple_GET_ITEM(how, 1);
+        PyObject *obj = PyBaseObject_Type.tp_new((PyTypeObject *)cls, no_args, NULL);
+        for (Py_ssize_t i = 0; obj && i < n; i++)
+            if (PyObject_SetAttr(obj, PyTuple_GET_ITEM(names, i), values[i]) < 0) Py_CLEAR(obj);
+        return obj;
+    }
+    PyObject *obj = PyObject_Vectorcall(how, values, n_init, NULL);
+    for (Py_ssize_t i = n_init; obj && i < n; i++)
+        if (PyObject_SetAttr(obj, late[i - n_init], values[i]) < 0) Py_CLEAR(obj);
+    return obj;
+}
+
+/* the class of a ``how`` (make's), or NULL where it is neither a class nor (class, names of n) */
+static PyObject *class_of(PyObject *how, Py_ssize_t n) {
+    if (PyType_Check(how)) return how;
+    if (!PyTuple_CheckExact(how) || PyTuple_GET_SIZE(how) != 2 || !PyType_Check(PyTuple_GET_ITEM(how, 0))) return NULL;
+    PyObject *names = PyTuple_GET_ITEM(how, 1);
+    if (!PyTuple_CheckExact(names) || PyTuple_GET_SIZE(names) != n) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!PyUnicode_CheckExact(PyTuple_GET_ITEM(names, i))) return NULL;
+    return PyTuple_GET_ITEM(how, 0);
+}
+
 /* StepTree.subtree(keep)[0] of tree t (n nodes): new reference; NULL with an error set, or NOT_TAKEN */
-static PyObject *subtree(PyObject *t, PyObject *keep, Py_ssize_t n, PyObject *tree_cls) {
+static PyObject *subtree(PyObject *t, PyObject *keep, Py_ssize_t n, PyObject *make_tree) {
     const Py_ssize_t m = PyList_GET_SIZE(keep);
     PyObject *src[6] = {NULL}, *dst[7] = {NULL}, *extra = NULL, *chance = NULL, *pinned = NULL, *out = NULL;
     PyObject *names[6] = {a_tokens, a_candidate, a_parents, a_depths, a_sources, a_group};
@@ -226,7 +258,7 @@ static PyObject *subtree(PyObject *t, PyObject *keep, Py_ssize_t n, PyObject *tr
         if (ok == 1) {
             PyObject *args[10] = {dst[0], dst[2], dst[3], dst[4], dst[1], dst[6], sub_extra, dst[5], sub_chance,
                                   sub_pinned};
-            out = PyObject_Vectorcall(tree_cls, args, 10, NULL);
+            out = make(make_tree, args, 10, 10, NULL);
         }
         Py_XDECREF(sub_extra);
         Py_XDECREF(sub_chance);
@@ -306,8 +338,9 @@ PyObject *glue_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_TypeError, "send takes 5 arguments");
         return NULL;
     }
-    PyObject *trees = args[0], *keep = args[1], *sids = args[2], *tree_cls = args[3], *input_cls = args[4];
-    if (!PyList_CheckExact(trees) || !PyList_CheckExact(sids) || !PyType_Check(tree_cls)) Py_RETURN_NONE;
+    PyObject *trees = args[0], *keep = args[1], *sids = args[2], *make_tree = args[3], *make_input = args[4];
+    PyObject *tree_cls = class_of(make_tree, 10);
+    if (!PyList_CheckExact(trees) || !PyList_CheckExact(sids) || !tree_cls || !class_of(make_input, 6)) Py_RETURN_NONE;
     const Py_ssize_t B = PyList_GET_SIZE(trees);
     if (PyList_GET_SIZE(sids) != B || (keep != Py_None && (!PyList_CheckExact(keep) || PyList_GET_SIZE(keep) != B)))
         Py_RETURN_NONE;
@@ -322,7 +355,7 @@ PyObject *glue_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         Py_DECREF(tokens);
         PyObject *st;
         if (k && PyList_GET_SIZE(k) != n) {
-            if (!(st = subtree(t, k, n, tree_cls))) goto not_taken;
+            if (!(st = subtree(t, k, n, make_tree))) goto not_taken;
         } else {
             Py_INCREF(t);
             st = t;
@@ -337,7 +370,7 @@ PyObject *glue_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         if (st_tokens && (st_depths = PyObject_GetAttr(st, a_depths))) {
             PyObject *in_args[6] = {PyList_GET_ITEM(sids, b), st_tokens, st_depths, Py_None, nodes,
                                     chain ? Py_None : parents};
-            in = PyObject_Vectorcall(input_cls, in_args, 6, NULL);
+            in = make(make_input, in_args, 6, 6, NULL);
         }
         Py_XDECREF(st_tokens);
         Py_XDECREF(st_depths);
@@ -663,9 +696,9 @@ PyObject *glue_outcomes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "outcomes takes 11 arguments");
         return NULL;
     }
-    PyObject *active = args[0], *keep = args[6], *eos = args[7], *seq_cls = args[8], *outcome_cls = args[9],
+    PyObject *active = args[0], *keep = args[6], *eos = args[7], *seq_cls = args[8], *make_outcome = args[9],
              *update = args[10];
-    if (!PyList_CheckExact(active) || !PyAnySet_Check(eos)) Py_RETURN_NONE;
+    if (!PyList_CheckExact(active) || !PyAnySet_Check(eos) || !class_of(make_outcome, 8)) Py_RETURN_NONE;
     const Py_ssize_t B = PyList_GET_SIZE(active);
     for (int j = 1; j < 6; j++)
         if (!PyList_CheckExact(args[j]) || PyList_GET_SIZE(args[j]) != B) Py_RETURN_NONE;
@@ -718,17 +751,15 @@ PyObject *glue_outcomes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         {
             PyObject *n_sent = PyLong_FromSsize_t(PyList_GET_SIZE(s->sent_tokens));
             if (!n_sent) goto fail_new;
-            PyObject *o_args[6] = {s->tree, path, new, s->lg, rows, n_sent};
-            o = PyObject_Vectorcall(outcome_cls, o_args, 6, NULL);
+            PyObject *o_args[8] = {s->tree, path, new, s->lg, rows, n_sent, s->top1, s->topk};
+            PyObject *late[2] = {a_top1, a_topk};
+            o = make(make_outcome, o_args, 6, 8, late);
             Py_DECREF(n_sent);
         }
         Py_DECREF(new);
         Py_DECREF(path);
         Py_DECREF(rows);
-        if (!o || PyObject_SetAttr(o, a_top1, s->top1) < 0 || PyObject_SetAttr(o, a_topk, s->topk) < 0) {
-            Py_XDECREF(o);
-            goto fail;
-        }
+        if (!o) goto fail;
         PyList_SET_ITEM(out, b, o);
         if (update != Py_None) {
             PyObject *u_args[2] = {s->state, o};
