@@ -1041,11 +1041,11 @@ PyObject *glue_outcomes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef methods[] = {
     {"send", (PyCFunction)(void (*)(void))glue_send, METH_FASTCALL,
-     "send(trees, keep, sids, tree_cls, input_cls): generate.send's (sent, rows, inputs), or None"},
+     "send(trees, keep, sids, make_tree, make_input): generate.send's (sent, rows, inputs), or None"},
     {"record", (PyCFunction)(void (*)(void))glue_record, METH_FASTCALL,
      "record(active, outcomes, stats_cls, source_names): generate.record's (gained, sent, sids), or None"},
     {"outcomes", (PyCFunction)(void (*)(void))glue_outcomes, METH_FASTCALL,
-     "outcomes(active, trees, sent, rows, verdicts, reduced, keep, eos, seq_cls, outcome_cls, update): "
+     "outcomes(active, trees, sent, rows, verdicts, reduced, keep, eos, seq_cls, make_outcome, update): "
      "generate.settle's outcomes, or None"},
     {"learn", (PyCFunction)(void (*)(void))learn, METH_FASTCALL,
      "learn(fn, table, tokens, rows, path, top): recycle.learn_from into a compiled table; its code or None"},

@@ -1,6 +1,6 @@
 /* The generate loop's own glue (decoding/generate.py), in the CPython extension of glue.c:
  *
- * - send(trees, keep, sids, tree_cls, input_cls) -> (sent, rows, inputs) or None: ``send``'s loop
+ * - send(trees, keep, sids, make_tree, make_input) -> (sent, rows, inputs) or None: ``send``'s loop
  *   in one call. Per sequence the tree sent (the proposer's, or ``StepTree.subtree`` of the kept
  *   nodes, made as the reference makes it: the same objects in its lists, its dicts and sets
  *   filled in the same order, the class called with the same fields), its nodes' logits rows
@@ -10,14 +10,17 @@
  *   tallied by (source bits, accepted) in the order the rows meet them, each tally added to its
  *   sources' names in ``SOURCE_NAMES``' order: the counters gain their keys in the reference's
  *   order too).
- * - outcomes(active, trees, sent, rows, verdicts, reduced, keep, eos, seq_cls, outcome_cls, update) ->
+ * - outcomes(active, trees, sent, rows, verdicts, reduced, keep, eos, seq_cls, make_outcome, update) ->
  *   outcomes or None: ``settle``'s loop in one call, sequence by sequence: the accepted tokens and
  *   the bonus appended as ``Sequence.append`` appends them (cut at EOS or the length, ``finish``
  *   set alike), the sent subtree's path and rows renamed, the ``Outcome`` made, then the
  *   proposer's ``update`` (None: none) called with it before the next sequence.
  *
- * Why: after a forward each Python call of a step pays its lines from memory; these loops were
- * about a tenth of a planned tree step's host time (bench/results/2026-11-28-cpu-one-step/NOTES.md).
+ * make_*: a class, or (class, field names) from decoding/compiled.py ``maker`` (``make`` below).
+ *
+ * Why: after a forward each Python call of a step pays its lines from memory; these loops were a
+ * fifth to a quarter of a planned tree step's host time on the host-step oracle (`pld` 0.026 of
+ * 0.117 ms, `hybrid` 0.046 of 0.17: bench/results/2026-11-28-cpu-one-step/NOTES.md).
  * Each answers None, having changed nothing, where an object is not what the reference's fast
  * case expects (a tree or sequence of another class with its own methods, a keep list that is
  * not increasing or drops a kept node's parent, a statistics object of another class, a node
@@ -80,9 +83,14 @@ static Py_ssize_t node_of(PyObject *v, Py_ssize_t n) {
 }
 
 /* whether the tree's class computes subtree, logit_nodes and is_chain as tree_cls does */
+static PyObject *plain_seen[2]; /* the last subclass found plain and its tree_cls (held: an address is not reused) */
+
 static int plain_tree(PyObject *t, PyObject *tree_cls) {
     PyObject *type = (PyObject *)Py_TYPE(t);
     if (type == tree_cls) return 1;
+    /* a subclass's methods are looked up once, not each step (a C-built tree's class every step); a
+     * method assigned to the class later is not seen (the tests' classes define theirs in the body) */
+    if (type == plain_seen[0] && tree_cls == plain_seen[1]) return 1;
     if (!PyObject_TypeCheck(t, (PyTypeObject *)tree_cls)) return 0;
     PyObject *names[3] = {a_subtree, a_logit_nodes, a_is_chain};
     for (int i = 0; i < 3; i++) {
@@ -95,6 +103,12 @@ static int plain_tree(PyObject *t, PyObject *tree_cls) {
             return 0;
         }
     }
+    Py_INCREF(type);
+    Py_INCREF(tree_cls);
+    Py_XDECREF(plain_seen[0]);
+    Py_XDECREF(plain_seen[1]);
+    plain_seen[0] = type;
+    plain_seen[1] = tree_cls;
     return 1;
 }
 
