@@ -622,7 +622,8 @@ class StepArgs(ctypes.Structure):
                 + [(n, ctypes.c_void_p) for n in ("cos", "sin", "slots", "seq_start", "seq_len", "seq_blocks",
                                                   "seq_mask")]
                 + [("kv_half", ctypes.c_int), ("positions", ctypes.c_void_p), ("final_norm", ctypes.c_void_p),
-                   ("out_rows", ctypes.c_void_p), ("n_out", ctypes.c_int64), ("out", ctypes.c_void_p)])
+                   ("out_rows", ctypes.c_void_p), ("n_out", ctypes.c_int64), ("out", ctypes.c_void_p),
+                   ("side", ctypes.c_int)])
 
 
 def layers_unchecked(h: torch.Tensor, layers, n_layers: int, step: StepArgs) -> torch.Tensor:
@@ -632,6 +633,48 @@ def layers_unchecked(h: torch.Tensor, layers, n_layers: int, step: StepArgs) -> 
     if rc != 0:
         raise MemoryError(f"skinny_layers could not allocate its buffers (T={step.T})")
     return h
+
+
+# The side stream (cpu/side_prefetch.h) pays where a step's bytes do not stay in the last-level
+# cache between steps: on the 2-core EPYC (32 MB L3, 100 MB of weights a step) it took a one-token
+# step's attention from 1.8 to 0.7 ms a forward (bench/results/2026-11-27-cpu-side-prefetch/
+# NOTES.md); on an Emerald Rapids, whose 300 MB L3 holds the default model's weights and its keys
+# and values up to its 8,192-token context, the forward was 5-23% faster without it at one token and
+# 3-13% at 8, from 512 to 8,000 keys (bench/results/2026-11-28-cpu-side-off/NOTES.md).
+
+
+def cache_bytes(folder: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> Optional[int]:
+    """The largest data or unified cache listed in ``folder`` (Linux sysfs: ``index*/type`` and
+    ``size`` such as ``32768K``), or None where none is readable (another OS)."""
+    sizes = []
+    for d in folder.glob("index*"):
+        try:
+            if (d / "type").read_text().strip() == "Instruction":
+                continue
+            text = (d / "size").read_text().strip().upper()
+            sizes.append(int(text.rstrip("KMG")) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1))
+        except (OSError, ValueError):
+            continue
+    return max(sizes) if sizes else None
+
+
+_llc: list = []  # CPU 0's last-level cache in bytes (or None), read on first use
+
+
+def side_stream(step_bytes: int) -> bool:
+    """Whether a layer stack requests each next layer's keys and values while its products
+    stream (``skinny_step.side``): where ``step_bytes`` (the weights a step reads, with its keys
+    and values) exceed the last-level cache, or where no cache size is known.
+    ``SPECDEC_SIDE_PREFETCH=1`` / ``0`` forces it on / off. It changes no number, only where the
+    keys and values come from."""
+    want = os.environ.get("SPECDEC_SIDE_PREFETCH", "")
+    if want in ("0", "1"):
+        return want == "1"
+    if want:
+        raise ValueError(f"SPECDEC_SIDE_PREFETCH must be 0 or 1 (or unset: by the cache size), got {want!r}")
+    if not _llc:
+        _llc.append(cache_bytes())
+    return _llc[0] is None or step_bytes > _llc[0]
 
 
 STACK_PHASES = ("norm", "qkv", "rope_kv", "attention", "o", "gate_up", "silu", "down", "add")  # cpu/skinny_layers.c

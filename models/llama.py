@@ -332,6 +332,8 @@ class Transformer(nn.Module):
             out = torch.empty(h.shape[0] if logits_idx is None else logits_idx.shape[0], cfg.hidden_size)
             step.final_norm, step.n_out, step.out = norm.data_ptr(), out.shape[0], out.data_ptr()
             step.out_rows = None if logits_idx is None else logits_idx.data_ptr()
+        kv_token = len(self.layers) * 2 * cfg.num_kv_heads * cfg.head_dim * k_cache.element_size()
+        step.side = skinny.side_stream(self._step_weight_bytes(tensors) + kv_token * sum(sp.length for sp in seqs))
         skinny.layers_unchecked(h, ptrs, len(self.layers), step)
         return out if out is not None else self._final_norm(h, logits_idx)
 
@@ -364,6 +366,16 @@ class Transformer(nn.Module):
             checked = [i for i, t in enumerate(tensors) if t is not None and id(t) not in packed]
             parts = self.__dict__["_parts"] = (_registrations, plain, tensors, fmts, checked)
         return parts[1], parts[2], parts[3], parts[4]
+
+    def _step_weight_bytes(self, tensors: list) -> int:
+        """The bytes of weights a step streams: the layers' (``_stack_parts``' tensors) and the LM
+        head's; counted again after a registration."""
+        cached = self.__dict__.get("_weight_bytes")
+        if cached is None or cached[0] != _registrations:
+            head = self.head_quant.data if self.head_quant is not None else self.head_weight
+            total = sum(t.nbytes for t in tensors if t is not None) + head.nbytes
+            cached = self.__dict__["_weight_bytes"] = (_registrations, total)
+        return cached[1]
 
     def _layer_ptrs(self, weights: list, fmts: list, checked: list, k_cache, v_cache):
         """The ctypes array of every layer's weight and cache pointers, rebuilt when one of the

@@ -390,3 +390,56 @@ def test_the_one_call_stack_sees_a_product_quantized_again_after_a_step():
     expected.layers[-1].mlp_norm.data = new_norm.clone()
     again = step(runner)
     assert not torch.equal(again, after) and torch.equal(again, step(runner_of(expected)))
+
+
+def test_the_side_stream_changes_no_number_and_follows_the_cache(monkeypatch):
+    """The one-call stack's side stream (cpu/side_prefetch.h: the next layer's keys and values
+    requested while the products stream) on and off: the same logits and caches bit for bit; on
+    where the step's weights and keys and values exceed the last-level cache, off where they fit,
+    forced by SPECDEC_SIDE_PREFETCH."""
+    model = tiny()
+    sides = []
+    original = skinny.layers_unchecked
+
+    def spy(h, layers, n, step):
+        sides.append(step.side)
+        return original(h, layers, n, step)
+    monkeypatch.setattr(skinny, "layers_unchecked", spy)
+
+    def run():
+        runner = ModelRunner(model, cache_tokens=256, block_size=4)
+        runner.add_sequence(0)
+        runner.step([StepInput(0, list(range(3, 40)))])
+        runner.commit({0: list(range(37))})
+        out = runner.step([StepInput(0, [5, 6, 7, 8, 9], parents=[-1, 0, 0, 1, 3])])[0]
+        return out, runner.cache.k.clone(), runner.cache.v.clone()
+
+    weights = model._step_weight_bytes(model._stack_parts()[1])
+    half = skinny.kv16_available()  # fp16 K/V, else fp32; 37 committed keys and the step's 5
+    kv = 2 * len(model.layers) * model.cfg.num_kv_heads * model.cfg.head_dim * (2 if half else 4) * 42
+    got = {}
+    for env, llc, side in (("1", None, 1), ("0", None, 0), ("", weights + kv, 0), ("", weights + kv - 1, 1),
+                           ("", None, 1)):
+        monkeypatch.setenv("SPECDEC_SIDE_PREFETCH", env)
+        monkeypatch.setattr(skinny, "_llc", [llc])
+        sides.clear()
+        got[env, llc] = run()
+        assert sides == [side], (env, llc)  # the tree step (the prompt runs per op)
+    first = next(iter(got.values()))
+    for out in got.values():
+        assert all(torch.equal(a, b) for a, b in zip(out, first))
+    monkeypatch.setenv("SPECDEC_SIDE_PREFETCH", "yes")
+    with pytest.raises(ValueError, match="SPECDEC_SIDE_PREFETCH must be 0 or 1"):
+        run()
+
+
+def test_the_cache_size_read_from_sysfs(tmp_path):
+    for i, (kind, size) in enumerate((("Data", "48K"), ("Instruction", "64M"), ("Unified", "2048K"),
+                                      ("Unified", "300M"), ("Unified", "bad"))):
+        (tmp_path / f"index{i}").mkdir()
+        (tmp_path / f"index{i}" / "type").write_text(kind + "\n")
+        (tmp_path / f"index{i}" / "size").write_text(size + "\n")
+    assert skinny.cache_bytes(tmp_path) == 300 << 20
+    (tmp_path / "index3" / "size").unlink()
+    assert skinny.cache_bytes(tmp_path) == 2048 << 10
+    assert skinny.cache_bytes(tmp_path / "none") is None

@@ -11,6 +11,10 @@
  * time the attention runs its keys and values sit in L2 / L3 (one-token attention 1.8 -> 0.7 ms
  * a forward, the products about 0.4 ms slower: bench/results/2026-11-27-cpu-side-prefetch/NOTES.md).
  *
+ * Only where the step's bytes leave the last-level cache between steps (skinny_step.side, set by
+ * kernels/skinny.py side_stream): where they stay there, these requests only compete with the
+ * weights' loads (an Emerald Rapids' 300 MB L3: a one-token forward 5-23% slower with them).
+ *
  * It changes no number: a prefetch loads nothing into a register. skinny_layers.c sets a stream
  * for the calling thread (skinny_side) and clears it before the attention it serves; a product
  * reads it once on the calling thread, before its parallel region. */

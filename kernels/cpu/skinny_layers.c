@@ -60,6 +60,9 @@ typedef struct { /* the step: shared by every layer */
     const int64_t *out_rows;
     int64_t n_out;
     float *out;
+    /* request each next layer's keys and values while the products before its attention stream
+     * (side_prefetch.h); 0: not (kernels/skinny.py side_stream says when) */
+    int side;
 } skinny_step;
 
 /* Where a stack's time goes, for bench/model_speed.py: seconds summed per phase while
@@ -175,7 +178,7 @@ int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skin
     }
     for (int l = 0; l < n_layers && rc == 0; l++) {
         const skinny_layer *w = layers + l;
-        if (l == 0) skinny_side = side_start(sd, w, side_bytes(w->fmt[0], nq, d));
+        if (l == 0 && s->side) skinny_side = side_start(sd, w, side_bytes(w->fmt[0], nq, d));
         PHASE(P_NORM, skinny_rms_norm(h, w->attn_norm, x, T, d, s->eps, s->threads));
         PHASE(P_QKV, rc = product(w->fmt[0], x, w->wqkv, w->bqkv, qkv, T, nq, d, s->threads));
         if (rc) break;
@@ -208,7 +211,7 @@ int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skin
             }
         });
         if (rc) break;
-        if (l + 1 < n_layers) {
+        if (l + 1 < n_layers && s->side) {
             const skinny_layer *n = w + 1;
             skinny_side = side_start(sd, n, side_bytes(w->fmt[1], d, (int64_t)H * D) +
                                                    side_bytes(w->fmt[2], 2 * (int64_t)I, d) +
