@@ -30,6 +30,7 @@ import bisect
 import hashlib
 import json
 import math
+import os
 import statistics
 import time
 import warnings
@@ -226,7 +227,11 @@ def _key(model, context: int) -> dict:
             **({"exact": True} if model.backend.exact else {}),
             # the KV cache's dtype where it is not the model's (fp16 beside quantized products on a
             # CPU: Transformer.kv_cache_dtype); absent otherwise, likewise
-            **({"kv": str(kv)} if (kv := model.kv_cache_dtype()) != model.dtype else {})}
+            **({"kv": str(kv)} if (kv := model.kv_cache_dtype()) != model.dtype else {}),
+            # the CPU stack's side stream forced on or off (kernels/skinny.py side_stream); absent
+            # when it follows the cache size (a function of the machine and the step), likewise
+            **({"side": side} if model.device.type == "cpu" and (side := os.environ.get("SPECDEC_SIDE_PREFETCH"))
+               else {})}
 
 
 def step_cost(model, cache_dir: Path | str, context: int = 256, reps: int = 3, measure=None, probe=None,

@@ -222,6 +222,22 @@ def test_the_step_cost_cache_key_records_cuda_graphs():
     assert rest(eager) == rest(graphed)
 
 
+def test_the_step_cost_cache_key_records_a_forced_side_stream(monkeypatch):
+    """A curve measured with the CPU stack's side stream forced on or off is not reused by the
+    other setting, nor by the default (which follows the cache size: the key without it)."""
+    from models.cost import _key
+
+    model = random_model(ModelConfig(**SHAPES["tiny"]), get_backend("torch"), torch.float32, torch.device("cpu"))
+    monkeypatch.delenv("SPECDEC_SIDE_PREFETCH", raising=False)
+    default = _key(model, 256)
+    keys = []
+    for v in ("0", "1"):
+        monkeypatch.setenv("SPECDEC_SIDE_PREFETCH", v)
+        keys.append(_key(model, 256))
+    assert "side" not in default and [k["side"] for k in keys] == ["0", "1"]
+    assert all({k: v for k, v in key.items() if k != "side"} == default for key in keys)
+
+
 def test_graph_replay_is_timed_beside_the_eager_forward(tmp_path):
     """With graphs on, every point also times the replayed forward (``ModelRunner.forward``:
     fill, replay, copy out), its ratio to eager, its bandwidth share and its own step-cost curve.
