@@ -181,10 +181,12 @@ def build_proposer(name: str, args: argparse.Namespace, draft_model=None, store=
     return make_proposer(name, store=store)
 
 
-def planner_for(model, name: str, no_plan: bool, cache_dir, cost=None, fixed: bool = False) -> Optional[object]:
+def planner_for(model, name: str, no_plan: bool, cache_dir, cost=None, fixed: bool = False,
+                recheck_s: float = 0.0) -> Optional[object]:
     """A step planner from ``cost`` (a StepCost, e.g. ``--step-cost``'s) or else the model's
-    measured (cached) step cost; None for ``ar`` or with --no-plan. ``fixed``: do not learn the
-    host's time per step from the wall clock (--fixed-plan)."""
+    measured (cached) step cost (``models.cost.step_cost``, with its ``recheck_s``); None for
+    ``ar`` or with --no-plan. ``fixed``: do not learn the host's time per step from the wall
+    clock (--fixed-plan)."""
     if no_plan or name == "ar":
         return None
     from decoding.planner import Planner, PlannerConfig
@@ -193,5 +195,5 @@ def planner_for(model, name: str, no_plan: bool, cache_dir, cost=None, fixed: bo
 
     graphs = getattr(model, "step_graphs", None)  # a step past the largest graph's rows runs eagerly
     cap = graphs.get("max_tokens", StepGraphs.DEFAULT_MAX_TOKENS) if graphs is not None else None
-    return Planner(cost if cost is not None else step_cost(model, cache_dir),
+    return Planner(cost if cost is not None else step_cost(model, cache_dir, recheck_s=recheck_s),
                    PlannerConfig(learn_overhead=not fixed, max_step_tokens=cap))

@@ -32,6 +32,9 @@ from decoding.stats import SeqStats
 Prompt = Union[str, list[dict]]  # a user message, or chat messages [{"role": ..., "content": ...}]
 PASSED_ON = ("eos_token_ids", "planner", "runner", "prefill_chunk", "progress")  # generate's, taken as they are
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed")
+# seconds a generator plans with a step-cost curve its process checked, before checking it again
+# against the machine (models/cost.py step_cost's recheck_s): the machine drifts within the hour
+RECHECK_S = 600.0
 
 
 @dataclass
@@ -112,7 +115,10 @@ class TextGenerator:
         if planner is None and plan and proposer.name != "ar":
             from decoding.options import planner_for
             from models.loader import DEFAULT_CACHE_DIR
-            planner = planner_for(self.model, proposer.name, False, self.cache_dir or DEFAULT_CACHE_DIR)
+            # a curve this process checked in the last RECHECK_S is not probed again: each call
+            # would pay 0.1-0.2 s for the probe (a one-token answer 0.15 s against 0.06 for ar)
+            planner = planner_for(self.model, proposer.name, False, self.cache_dir or DEFAULT_CACHE_DIR,
+                                  recheck_s=RECHECK_S)
         eos = set(self.model.cfg.eos_token_ids if kw.get("eos_token_ids") is None else kw["eos_token_ids"])
         texts = [_Detokenizer(self.tokenizer, eos) for _ in batch]
         cut: dict[int, int] = {}

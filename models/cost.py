@@ -27,6 +27,7 @@ same from run to run.
 """
 
 import bisect
+import copy
 import hashlib
 import json
 import math
@@ -234,16 +235,29 @@ def _key(model, context: int) -> dict:
                else {})}
 
 
+# A curve this process checked or measured: (time.monotonic() then, the curve), per cache file
+_checked: dict[str, tuple[float, "StepCost"]] = {}
+
+
 def step_cost(model, cache_dir: Path | str, context: int = 256, reps: int = 3, measure=None, probe=None,
-              check: bool = True) -> StepCost:
+              check: bool = True, recheck_s: float = 0.0) -> StepCost:
     """The model's step cost: from the cache if it still matches the machine, else measured
     (``measure(model, context, reps)`` -> StepCost, the real measurement by default; tests pass
     a fake). ``check``: time ``CHECK_TOKENS``-token steps (``probe(model, context, tokens)`` ->
     {tokens: ms}, ``probe_step_cost`` by default) and measure again when the cached curve is
-    off by more than ``CHECK_TOLERANCE``."""
+    off by more than ``CHECK_TOLERANCE``. ``recheck_s`` > 0: a curve this process checked or
+    measured less than that many seconds ago is taken as it is, without a probe (a caller that
+    plans many short calls: the probe takes 0.1-0.2 s, a measurement seconds)."""
+    if not recheck_s >= 0:
+        raise ValueError(f"recheck_s must be >= 0, got {recheck_s}")
     key = _key(model, context)
     path = Path(cache_dir) / "cost" / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
                                        + ".json")
+    hit = _checked.get(str(path)) if check and recheck_s > 0 else None
+    if hit is not None and (age := time.monotonic() - hit[0]) < recheck_s:
+        cost = copy.copy(hit[1])
+        cost.origin = f"checked by this process {age:.0f} s ago"
+        return cost
     cost, origin = _read(path, key), "measured"
     if cost is not None and check:
         seen = (probe or probe_step_cost)(model, context, CHECK_TOKENS)
@@ -260,6 +274,8 @@ def step_cost(model, cache_dir: Path | str, context: int = 256, reps: int = 3, m
         cost = (measure or measure_step_cost)(model, context, reps)
         write_whole(path, json.dumps({"key": key, "cost": asdict(cost)}, indent=1))
     cost.origin = origin
+    if check:
+        _checked[str(path)] = (time.monotonic(), cost)
     return cost
 
 

@@ -265,6 +265,64 @@ def test_step_cost_cache(tiny, tmp_path):
     assert fake_cost.calls == 3
 
 
+def test_a_curve_checked_by_this_process_is_taken_again_within_recheck_s(tiny, tmp_path, monkeypatch):
+    """``recheck_s``: a curve this process checked (or measured) less than that long ago is
+    returned without a probe, then probed again once the time is up; without it every call
+    probes (the bench's runs, each measuring or checking once)."""
+    import models.cost as mc
+
+    probes = []
+
+    def probe(model, context, tokens):
+        probes.append(context)
+        return fake_probe(model, context, tokens)
+    clock = [1000.0]
+    monkeypatch.setattr(mc.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(mc, "_checked", {})
+    fake_cost.calls = 0
+    first = step_cost(tiny, tmp_path, measure=fake_cost, probe=probe, recheck_s=600)
+    assert first.origin == "measured" and fake_cost.calls == 1 and probes == []
+    clock[0] += 599
+    again = step_cost(tiny, tmp_path, measure=fake_cost, probe=probe, recheck_s=600)
+    assert again == first and probes == [] and again.origin == "checked by this process 599 s ago"
+    assert first.origin == "measured"  # a copy: the first caller's curve keeps its origin
+    step_cost(tiny, tmp_path, context=128, measure=fake_cost, probe=probe, recheck_s=600)  # another curve
+    assert fake_cost.calls == 2
+    step_cost(tiny, tmp_path, measure=fake_cost, probe=probe)  # recheck_s 0: probed
+    assert probes == [256]
+    clock[0] += 599  # 599 s after that check: still fresh
+    step_cost(tiny, tmp_path, measure=fake_cost, probe=probe, recheck_s=600)
+    clock[0] += 2
+    assert step_cost(tiny, tmp_path, measure=fake_cost, probe=probe, recheck_s=600).origin.startswith("cache (checked")
+    assert probes == [256, 256] and fake_cost.calls == 2
+    step_cost(tiny, tmp_path, measure=fake_cost, probe=probe, recheck_s=600, check=False)  # not checked: no entry
+    with pytest.raises(ValueError, match="recheck_s must be >= 0"):
+        step_cost(tiny, tmp_path, measure=fake_cost, probe=probe, recheck_s=-1)
+
+
+def test_a_text_generator_checks_the_step_cost_once_for_many_calls(tiny, tmp_path, monkeypatch):
+    """``TextGenerator.generate`` plans each call; a curve checked in the last RECHECK_S is not
+    probed again (each probe is 0.1-0.2 s of a call)."""
+    import models.cost as mc
+    from decoding import TextGenerator
+    from decoding.text import RECHECK_S
+    from test_inputs import CharTokenizer
+
+    probes = []
+
+    def probe(model, context, tokens):
+        probes.append(context)
+        return fake_probe(model, context, tokens)
+    real = mc.step_cost
+    monkeypatch.setattr(mc, "_checked", {})
+    monkeypatch.setattr(mc, "step_cost", lambda *a, **k: real(*a, **k, measure=fake_cost, probe=probe))
+    gen = TextGenerator(tiny, CharTokenizer(), cache_dir=tmp_path)
+    real(tiny, tmp_path, measure=fake_cost, probe=probe, check=False)  # a cached curve, as after a first run
+    for _ in range(3):
+        gen.generate("hello", "pld", max_new_tokens=4)
+    assert len(probes) == 1 and RECHECK_S >= 60
+
+
 def test_a_saved_step_cost_is_loaded_as_it_is(tiny, tmp_path):
     """save_step_cost / load_step_cost: the same curve back (from a saved file or from the cache
     file itself), never checked against the machine; a bad file is an error naming it."""
