@@ -1,0 +1,52 @@
+"""The default model's forward (native Q4_1 weights, fp16 KV cache, 2 threads) with two builds of the
+CPU library (argv: NAME=PATH.so ...), alternated in one process: per (context, step tokens; a random
+draft tree's mask) the median over 5 rounds of each build's fastest of 5 forwards (ms), and whether
+the builds' logits are equal bit for bit. Run from the repository root."""
+import ctypes
+import statistics
+import sys
+import time
+
+import torch
+
+from bench.model_speed import setup_batch
+from kernels import skinny
+from models.cost import random_tree
+from models.loader import default_model_path, load_model
+from models.runner import ModelRunner, StepInput
+
+skinny._load()
+libs = {}
+CTXS = [int(c) for c in sys.argv[1].split(",")]
+for arg in sys.argv[2:]:
+    name, path = arg.split("=")
+    libs[name] = ctypes.CDLL(path)
+    skinny._declare(libs[name])
+model = load_model(default_model_path(), tune=False, weights="native").model
+runner = ModelRunner(model, cache_tokens=2 * max(CTXS) + 256, block_size=16)
+gen = torch.Generator().manual_seed(0)
+for ctx in CTXS:
+    seqs = setup_batch(runner, 1, ctx)
+    for T in (1, 8):
+        depth, mask = random_tree(T, gen)
+        toks = torch.randint(0, model.cfg.vocab_size, (T,), generator=gen).tolist()
+        tokens, meta, idx = runner.prepare([StepInput(s, toks, depths=depth, mask=None if T == 1 else mask)
+                                            for s in seqs])
+        res = {n: [] for n in libs}
+        outs = {}
+        for _ in range(5):
+            for n, lib in libs.items():
+                skinny._lib = lib
+                best = 1e9
+                for _ in range(5):
+                    with torch.inference_mode():
+                        t0 = time.perf_counter()
+                        y = model(tokens, meta, runner.cache.k, runner.cache.v, idx)
+                        best = min(best, time.perf_counter() - t0)
+                res[n].append(best * 1e3)
+                outs[n] = y.clone()
+        med = {n: statistics.median(v) for n, v in res.items()}
+        base = list(libs)[0]
+        same = all(torch.equal(outs[base], o) for o in outs.values())
+        print(f"context {ctx:5d} T {T:3d} " + " ".join(f"{n} {med[n]:7.2f} ms ({med[n] / med[base]:.3f})"
+                                                   for n in libs) + f" equal {same}", flush=True)
