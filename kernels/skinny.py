@@ -640,7 +640,7 @@ def layers_unchecked(h: torch.Tensor, layers, n_layers: int, step: StepArgs) -> 
 # step's attention from 1.8 to 0.7 ms a forward (bench/results/2026-11-27-cpu-side-prefetch/
 # NOTES.md); on an Emerald Rapids, whose 300 MB L3 holds the default model's weights and its keys
 # and values up to its 8,192-token context, the forward was 5-23% faster without it at one token and
-# 3-13% at 8, from 512 to 8,000 keys (bench/results/2026-11-28-cpu-side-off/NOTES.md).
+# 2-12% at 8, from 512 to 8,000 keys (bench/results/2026-11-28-cpu-side-off/NOTES.md).
 
 
 def cache_bytes(folder: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> Optional[int]:
