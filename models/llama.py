@@ -165,11 +165,20 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, backend: Backend):
         super().__init__()
         self.cfg, self.backend = cfg, backend
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # On the meta device, where every load builds the model (and sets the numbers after), an
+        # op runs torch's Python reference, whose first use imports torch._dynamo: 2.2 s of a 7 s
+        # command-line answer. So the embedding's init (nn.Embedding's normal_) and the rotary
+        # frequencies are computed only on a device that holds numbers.
+        meta = torch.empty(0).device.type == "meta"
+        weight = torch.empty(cfg.vocab_size, cfg.hidden_size)
+        if not meta:
+            nn.init.normal_(weight)
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self.register_buffer("inv_freq", torch.empty(cfg.head_dim // 2) if meta else rope_inv_freq(cfg),
+                             persistent=False)
         self.head_plan: Optional[ProductPlan] = None  # the LM head's product plan (models/tune.py)
         if backend.exact:  # the exact path: every product in kernels/exact_linear.py, never tuned
             for m in self.modules():

@@ -82,3 +82,41 @@ def test_a_cpu_steps_rope_table_holds_rope_tables_rows(head_dim):
         assert torch.equal(table[0, :length], ref[0]) and torch.equal(table[1, :length], ref[1])
     assert model._rope_table(None, torch.float32, positions) is None
     assert model._rope_table(plan, torch.bfloat16, positions) is None
+
+
+def test_building_on_the_meta_device_leaves_torch_dynamo_unimported():
+    """Every load builds the model on the meta device; an op there (nn.Embedding's init, the
+    rotary frequencies) runs torch's Python reference ops, whose first use imports torch._dynamo
+    (about 2 s of a command-line answer). In a fresh process: a load imports no torch._dynamo,
+    and its model has the loaded numbers (the frequencies rope_inv_freq's)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, torch\n"
+            "from models.loader import default_model_path, load_model\n"
+            "from models.llama import rope_inv_freq\n"
+            "before = 'torch._dynamo' in sys.modules\n"
+            "model = load_model(default_model_path(), weights='native').model\n"
+            "assert before or 'torch._dynamo' not in sys.modules, 'the load imported torch._dynamo'\n"
+            "assert not before, 'imported before the load: the test cannot tell'\n"
+            "assert torch.equal(model.inv_freq, rope_inv_freq(model.cfg))\n"
+            "assert model.embed.weight.device.type == 'cpu' and model.embed.weight.isfinite().all()\n")
+    here = Path(__file__).parent
+    env = {**__import__("os").environ, "PYTHONPATH": f"{here}:{here.parent}"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=here.parent, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_model_built_on_a_device_is_initialised_as_before():
+    """Built on a device that holds numbers, the embedding is nn.Embedding's own init (the same
+    numbers for the same seed) and the rotary frequencies are computed."""
+    from kernels.backend import get_backend
+    from models.llama import Transformer, rope_inv_freq
+
+    cfg = ModelConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4, num_kv_heads=2)
+    torch.manual_seed(3)
+    model = Transformer(cfg, get_backend("torch"))
+    torch.manual_seed(3)
+    ref = torch.nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+    assert torch.equal(model.embed.weight, ref.weight) and torch.equal(model.inv_freq, rope_inv_freq(cfg))
