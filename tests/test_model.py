@@ -87,7 +87,7 @@ def test_a_cpu_steps_rope_table_holds_rope_tables_rows(head_dim):
 def test_building_on_the_meta_device_leaves_torch_dynamo_unimported():
     """Every load builds the model on the meta device; an op there (nn.Embedding's init, the
     rotary frequencies) runs torch's Python reference ops, whose first use imports torch._dynamo
-    (about 2 s of a command-line answer). In a fresh process: a load imports no torch._dynamo,
+    (about 1 s of a command-line answer). In a fresh process: a load imports no torch._dynamo,
     and its model has the loaded numbers (the frequencies rope_inv_freq's)."""
     import subprocess
     import sys
