@@ -528,6 +528,8 @@ def prefill_unchecked(q, k_cache, v_cache, block_ids, length, scale, threads=Non
 
 
 def _check_f32(name: str, t: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a contiguous float32 CPU tensor, got {type(t).__name__} {t!r:.40}")
     if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
         raise ValueError(f"{name} must be a contiguous float32 CPU tensor, got {t.dtype} on {t.device}"
                          f"{'' if t.is_contiguous() else ', not contiguous'}")

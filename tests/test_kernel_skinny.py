@@ -157,6 +157,8 @@ def test_bad_input_is_named():
         skinny.skinny_linear(torch.randn(2, 16, dtype=torch.float64), w)
     with pytest.raises(ValueError, match="weight must be .*not contiguous"):
         skinny.skinny_linear(torch.randn(2, 16), torch.randn(16, 8).t())
+    with pytest.raises(ValueError, match="buffer must be a contiguous float32 CPU tensor, got int 256"):
+        skinny.read_bandwidth_gbs(256)  # a size where a tensor goes: named, not an AttributeError
     with pytest.raises(ValueError, match=r"bias must be \(8,\)"):
         skinny.skinny_linear(torch.randn(2, 16), w, torch.randn(7))
     with pytest.raises(ValueError, match="threads must be >= 1"):
