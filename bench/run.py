@@ -218,7 +218,7 @@ def header(args, device_name: str, memory_kind: str) -> dict:
         "suffix store": ("shared by the run's prompts: each drafts from the finished outputs of those before it "
                          "(--shared-store)") if getattr(args, "shared_store", False) else "per batch (starts empty)",
         "host path": _host_path(),
-        "side stream": "not used (GPU)" if args.device.startswith("cuda") else _side_stream(),
+        "side stream": "not used (GPU)" if args.device.startswith("cuda") else _side_rule(),
         "versions": f"python {platform.python_version()}, torch {torch.__version__}, triton {triton.__version__}, "
                     f"transformers {transformers.__version__}",
     }
@@ -228,6 +228,13 @@ def header(args, device_name: str, memory_kind: str) -> dict:
                                 f"hf-pld: prompt_lookup_num_tokens={k}, max_matching_ngram_size={n}"
                                 + (f"; hf-assisted: assistant_model={args.draft_model}" if args.draft_model else ""))
     return head
+
+
+def _side_rule() -> str:
+    """When the CPU layer stack requests the next layer's keys and values (kernels/skinny.py)."""
+    from kernels import skinny
+
+    return skinny.side_stream_rule()
 
 
 def _host_path() -> str:
@@ -243,19 +250,6 @@ def _host_path() -> str:
                                                             (packing.EXT, packing._ext())) if not on]
     return where + (": the drafting, the step planner and the packing in C (decoding/cpu, models/cpu), "
                     + (f"their glue in Python ({missing[0]})" if missing else "their glue in C (CPython extensions)"))
-
-
-def _side_stream() -> str:
-    """When the CPU layer stack requests the next layer's keys and values (kernels/skinny.py side_stream)."""
-    from kernels import skinny
-
-    forced = os.environ.get("SPECDEC_SIDE_PREFETCH", "")
-    if forced in ("0", "1"):
-        return f"{'on' if forced == '1' else 'off'} (SPECDEC_SIDE_PREFETCH={forced})"
-    llc = skinny.cache_bytes()
-    return ("on: no last-level cache size known" if llc is None else
-            f"on where a step's weights, keys and values exceed the {llc / 2 ** 20:.0f} MB last-level cache, "
-            "off where they fit")
 
 
 def _turns(results: list[dict]) -> int:

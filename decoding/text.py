@@ -116,7 +116,8 @@ class TextGenerator:
             from decoding.options import planner_for
             from models.loader import DEFAULT_CACHE_DIR
             # a curve this process checked in the last RECHECK_S is not probed again: each call
-            # would pay 0.1-0.2 s for the probe (a one-token answer 0.15 s against 0.06 for ar)
+            # paid 0.1-0.2 s for the probe (a one-token pld answer 0.15-0.18 s against ar's 0.06 on
+            # the 2-core Emerald Rapids: bench/results/2026-11-28-cpu-side-off/NOTES.md)
             planner = planner_for(self.model, proposer.name, False, self.cache_dir or DEFAULT_CACHE_DIR,
                                   recheck_s=RECHECK_S)
         eos = set(self.model.cfg.eos_token_ids if kw.get("eos_token_ids") is None else kw["eos_token_ids"])

@@ -663,20 +663,44 @@ def cache_bytes(folder: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> Op
 _llc: list = []  # CPU 0's last-level cache in bytes (or None), read on first use
 
 
+def _side_forced() -> Optional[bool]:
+    """``SPECDEC_SIDE_PREFETCH``: True / False where it forces the side stream, None unset."""
+    want = os.environ.get("SPECDEC_SIDE_PREFETCH", "")
+    if want in ("0", "1"):
+        return want == "1"
+    if want:
+        raise ValueError(f"SPECDEC_SIDE_PREFETCH must be 0 or 1 (or unset: by the cache size), got {want!r}")
+    return None
+
+
+def _last_level_cache() -> Optional[int]:
+    if not _llc:
+        _llc.append(cache_bytes())
+    return _llc[0]
+
+
 def side_stream(step_bytes: int) -> bool:
     """Whether a layer stack requests each next layer's keys and values while its products
     stream (``skinny_step.side``): where ``step_bytes`` (the weights a step reads, with its keys
     and values) exceed the last-level cache, or where no cache size is known.
     ``SPECDEC_SIDE_PREFETCH=1`` / ``0`` forces it on / off. It changes no number, only where the
     keys and values come from."""
-    want = os.environ.get("SPECDEC_SIDE_PREFETCH", "")
-    if want in ("0", "1"):
-        return want == "1"
-    if want:
-        raise ValueError(f"SPECDEC_SIDE_PREFETCH must be 0 or 1 (or unset: by the cache size), got {want!r}")
-    if not _llc:
-        _llc.append(cache_bytes())
-    return _llc[0] is None or step_bytes > _llc[0]
+    forced = _side_forced()
+    if forced is not None:
+        return forced
+    llc = _last_level_cache()
+    return llc is None or step_bytes > llc
+
+
+def side_stream_rule() -> str:
+    """``side_stream``'s rule on this machine, in words (the bench's header)."""
+    forced = _side_forced()
+    if forced is not None:
+        return f"{'on' if forced else 'off'} (SPECDEC_SIDE_PREFETCH={int(forced)})"
+    llc = _last_level_cache()
+    return ("on: no last-level cache size known" if llc is None else
+            f"on where a step's weights, keys and values exceed the {llc / 2 ** 20:.0f} MB last-level cache, "
+            "off where they fit")
 
 
 STACK_PHASES = ("norm", "qkv", "rope_kv", "attention", "o", "gate_up", "silu", "down", "add")  # cpu/skinny_layers.c

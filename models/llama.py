@@ -167,8 +167,9 @@ class Transformer(nn.Module):
         self.cfg, self.backend = cfg, backend
         # On the meta device, where every load builds the model (and sets the numbers after), an
         # op runs torch's Python reference, whose first use imports torch._dynamo: about 1 s of a
-        # 5 s command-line answer. So the embedding's init (nn.Embedding's normal_) and the rotary
-        # frequencies are computed only on a device that holds numbers.
+        # 5 s command-line answer (bench/results/2026-11-28-cpu-side-off/cli_time.txt). So the
+        # embedding's init (nn.Embedding's normal_) and the rotary frequencies are computed only on
+        # a device that holds numbers.
         meta = torch.empty(0).device.type == "meta"
         weight = torch.empty(cfg.vocab_size, cfg.hidden_size)
         if not meta:

@@ -443,3 +443,19 @@ def test_the_cache_size_read_from_sysfs(tmp_path):
     (tmp_path / "index3" / "size").unlink()
     assert skinny.cache_bytes(tmp_path) == 2048 << 10
     assert skinny.cache_bytes(tmp_path / "none") is None
+
+
+def test_the_side_streams_rule_in_words(monkeypatch):
+    """The bench header's ``side stream`` line: forced, by the cache size, or on without one."""
+    monkeypatch.setenv("SPECDEC_SIDE_PREFETCH", "0")
+    assert skinny.side_stream_rule() == "off (SPECDEC_SIDE_PREFETCH=0)"
+    monkeypatch.setenv("SPECDEC_SIDE_PREFETCH", "1")
+    assert skinny.side_stream_rule() == "on (SPECDEC_SIDE_PREFETCH=1)"
+    monkeypatch.delenv("SPECDEC_SIDE_PREFETCH")
+    monkeypatch.setattr(skinny, "_llc", [300 << 20])
+    assert skinny.side_stream_rule().startswith("on where a step's weights, keys and values exceed the 300 MB")
+    monkeypatch.setattr(skinny, "_llc", [None])
+    assert skinny.side_stream_rule() == "on: no last-level cache size known"
+    monkeypatch.setenv("SPECDEC_SIDE_PREFETCH", "on")
+    with pytest.raises(ValueError, match="SPECDEC_SIDE_PREFETCH must be 0 or 1"):
+        skinny.side_stream_rule()
