@@ -1,7 +1,8 @@
 """The default model's forward (native Q4_1 weights, fp16 KV cache, 2 threads) with two builds of the
 CPU library (argv: NAME=PATH.so ...), alternated in one process: per (context, step tokens; a random
 draft tree's mask) the median over 5 rounds of each build's fastest of 5 forwards (ms), and whether
-the builds' logits are equal bit for bit. Run from the repository root."""
+the builds' logits are equal bit for bit. Run from the repository root. Optional --contexts=A,B and
+--tokens=A,B (default 512,1500 and 1,4,8,16; ../2026-11-28-cpu-side-off ran it at longer contexts)."""
 import ctypes
 import statistics
 import sys
@@ -17,16 +18,18 @@ from models.runner import ModelRunner, StepInput
 
 skinny._load()
 libs = {}
-for arg in sys.argv[1:]:
+opts = {a.split("=")[0]: [int(v) for v in a.split("=")[1].split(",")] for a in sys.argv[1:] if a.startswith("--")}
+contexts, steps = opts.get("--contexts", [512, 1500]), opts.get("--tokens", [1, 4, 8, 16])
+for arg in (a for a in sys.argv[1:] if not a.startswith("--")):
     name, path = arg.split("=")
     libs[name] = ctypes.CDLL(path)
     skinny._declare(libs[name])
 model = load_model(default_model_path(), tune=False, weights="native").model
-runner = ModelRunner(model, cache_tokens=2 * 1600 + 64, block_size=16)
+runner = ModelRunner(model, cache_tokens=2 * max(contexts + [1600]) + 64, block_size=16)
 gen = torch.Generator().manual_seed(0)
-for ctx in (512, 1500):
+for ctx in contexts:
     seqs = setup_batch(runner, 1, ctx)
-    for T in (1, 4, 8, 16):
+    for T in steps:
         depth, mask = random_tree(T, gen)
         toks = torch.randint(0, model.cfg.vocab_size, (T,), generator=gen).tolist()
         tokens, meta, idx = runner.prepare([StepInput(s, toks, depths=depth, mask=None if T == 1 else mask)
