@@ -9,6 +9,8 @@ for d in sys.argv[1:]:
     recs = json.load(open(f"{d}/results.json"))["records"]
     for m in dict.fromkeys(r["method"] for r in recs):
         rs = [r for r in recs if r["method"] == m]
+        if any(r.get("step_phases") is None for r in rs):  # transformers' rows: no step clock
+            continue
         dec = sum(r["new_tokens"] - 1 for r in rs) / sum(r["time_s"] - r["ttft_s"] for r in rs)
         whole = sum(r["new_tokens"] for r in rs) / sum(r["time_s"] for r in rs)
         steps = sum(r["step_phases"]["steps"] for r in rs)
