@@ -309,13 +309,18 @@ class Bench:
     def _record(self, conv: dict, method: str, prompt: list[int], m: Measured, j: int,
                 ar_ids: list[int]) -> dict:
         """One results.json record. A batch shares its wall time: time_s is this sequence's
-        share of the batch's (median over repeats), tok_s the batch's; ``plan`` is the batch's
+        share of the batch's (median over repeats), tok_s the batch's, decode_s its share of the
+        batch's time after the first tokens (by the tokens it decoded there); ``plan`` is the batch's
         step-planner log (first repeat), ``step_phases`` the batch's step time by phase
         (``decoding.stats.StepClock``: total ms per phase and the step count, first repeat)."""
         o = m.outputs[j]
         ids = o["output_ids"]
         batch_new = sum(len(x["output_ids"]) for x in m.outputs)
         shares = [s * len(ids) / max(batch_new, 1) for s in m.secs]
+        # decoding after the first token: the batch's decoding time, shared by the tokens each sequence
+        # decoded in it (batch 1: the wall time after the first token), per repeat, then the median
+        after = batch_new - len(m.outputs)
+        decode = [None if d is None else d * (len(ids) - 1) / after if after > 0 else 0.0 for d in m.decode_secs]
         rates = [batch_new / s if s > 0 else float("nan") for s in m.secs]
         rec, turn = conv["rec"], conv["turn"]
         out = {
@@ -326,7 +331,9 @@ class Bench:
             "time_s": statistics.median(shares), "tok_s": statistics.median(rates),
             "repeats": len(m.secs), "time_s_runs": shares, "tok_s_runs": rates,
             "tok_s_min": min(rates), "tok_s_max": max(rates),
-            "ttft_s": m.ttft[j], "peak_mem_mib": m.peak_mib, "peak_mem_rise_mib": m.peak_rise_mib,
+            "ttft_s": m.ttft[j],
+            "decode_s": statistics.median(decode) if decode and None not in decode else None,
+            "peak_mem_mib": m.peak_mib, "peak_mem_rise_mib": m.peak_rise_mib,
             "step_tokens": o["step_tokens"], "accept_lengths": o["accept_lengths"],
             "identical_to_ar": (ids == ar_ids) if self.sp.greedy else None,
             "finish_reason": o["finish_reason"], "stats": o["stats"], "plan": m.extra.get("plan"),

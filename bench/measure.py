@@ -116,20 +116,23 @@ class PeakMemory:
 class Measured:
     """One method on one batch over its repeats. ``outputs`` are the first repeat's (one dict
     per sequence, as the call returned them, plus ``accept_lengths``); ``secs`` the wall time
-    of each repeat; ``ttft`` the median over repeats of each sequence's time to first token."""
+    of each repeat; ``ttft`` the median over repeats of each sequence's time to first token;
+    ``decode_secs`` each repeat's decoding time: its wall time after the last sequence's first token
+    (a batch decodes together once its prefill is done), None where a sequence had no first token."""
     outputs: list[dict]
     secs: list[float]
     ttft: list[Optional[float]]
     peak_mib: float
     peak_rise_mib: float
     extra: dict = field(default_factory=dict)
+    decode_secs: list[Optional[float]] = field(default_factory=list)
 
 
 def measure(call: Callable[[TokenClock], tuple[list[dict], dict]], n: int, repeats: int,
             memory: PeakMemory) -> Measured:
     """Run ``call(clock)`` ``repeats`` times (it must pass ``clock`` as its on_tokens and
     return (per-sequence dicts, extra)); time each run to the last token on the device."""
-    secs, firsts, outputs, extra, peaks = [], [], None, {}, []
+    secs, firsts, outputs, extra, peaks, decode = [], [], None, {}, [], []
     for _ in range(repeats):
         memory.start()
         clock = TokenClock(n)
@@ -139,19 +142,20 @@ def measure(call: Callable[[TokenClock], tuple[list[dict], dict]], n: int, repea
         secs.append(time.perf_counter() - clock.t0)
         peaks.append(memory.stop())
         firsts.append(clock.first)
+        decode.append(secs[-1] - max(clock.first) if n and None not in clock.first else None)
         if outputs is None:
             outputs, extra = res, ex
             for o, steps in zip(outputs, clock.steps):
                 o["accept_lengths"] = steps
     ttft = [statistics.median(f[i] for f in firsts) if all(f[i] is not None for f in firsts) else None
             for i in range(n)]
-    return Measured(outputs, secs, ttft, max(p for p, _ in peaks), max(d for _, d in peaks), extra)
+    return Measured(outputs, secs, ttft, max(p for p, _ in peaks), max(d for _, d in peaks), extra, decode)
 
 
 def merge(rounds: list[Measured]) -> Measured:
     """One method's measurements from separate rounds (``measure`` with one repeat each, the
     other methods run in between) as one ``Measured``: the first round's outputs, every
-    round's wall time, the median time to first token, the highest peak."""
+    round's wall and decoding times, the median time to first token, the highest peak."""
     if not rounds:
         raise ValueError("rounds is empty: give at least one measurement")
     first = rounds[0]
@@ -161,7 +165,7 @@ def merge(rounds: list[Measured]) -> Measured:
         seen = [m.ttft[i] for m in rounds]
         ttft.append(statistics.median(seen) if all(t is not None for t in seen) else None)
     return Measured(first.outputs, secs, ttft, max(m.peak_mib for m in rounds),
-                    max(m.peak_rise_mib for m in rounds), first.extra)
+                    max(m.peak_rise_mib for m in rounds), first.extra, [d for m in rounds for d in m.decode_secs])
 
 
 def env_cpu_name() -> str:

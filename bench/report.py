@@ -7,11 +7,13 @@ from pathlib import Path
 from typing import Optional
 
 
-def summarize(records: list[dict]) -> dict[tuple[str, str], dict]:
+def summarize(records: list[dict], batch_size: int = 1) -> dict[tuple[str, str], dict]:
     """(method, task) -> totals and ratios; speedup is tokens/s over "ar" on the same task,
     measured in the same run: with repeats (interleaved rounds, bench/loop.py) the median over
     the rounds of the ratio within each round, with its min-max (``speedup_min``,
-    ``speedup_max``; None after a single round). Tasks also get an "all" row."""
+    ``speedup_max``; None after a single round). Tasks also get an "all" row. ``batch_size``:
+    the run's; records of a batched run written before they held ``decode_s`` have no decoding
+    time (their time_s is a share of the batch's wall time, ttft_s the whole batch's prefill)."""
     groups = defaultdict(list)
     for r in records:
         groups[(r["method"], r["task"])].append(r)
@@ -25,11 +27,11 @@ def summarize(records: list[dict]) -> dict[tuple[str, str], dict]:
         runs = _tok_s_runs(rs, new)
         ttft = [r["ttft_s"] for r in rs if r.get("ttft_s") is not None]
         peaks = [r for r in rs if r.get("peak_mem_mib") is not None]
-        # after the first token (batch 1): the tokens decoding added over the time it took, without
-        # the prefill, which every method shares and which dilutes their differences on long prompts
-        after_first = [r["time_s"] - r["ttft_s"] for r in rs if r.get("ttft_s") is not None]
+        # after the first token: the tokens decoding added over the time it took, without the
+        # prefill, which every method shares and which dilutes their differences on long prompts
+        after_first = [decode_seconds(r, batch_size) for r in rs]
         decode_tok_s = (sum(r["new_tokens"] - 1 for r in rs) / sum(after_first)
-                        if len(after_first) == len(rs) and sum(after_first) > 0 else float("nan"))
+                        if None not in after_first and sum(after_first) > 0 else float("nan"))
         out[(method, task)] = {
             "prompts": len(rs), "new_tokens": new, "time_s": secs, "forwards": fwd,
             # tokens/s: the median over repeats of (new tokens / time of all the group's prompts)
@@ -60,6 +62,17 @@ def summarize(records: list[dict]) -> dict[tuple[str, str], dict]:
     return out
 
 
+def decode_seconds(r: dict, batch_size: int = 1) -> Optional[float]:
+    """A record's decoding time after its first token: ``decode_s`` (a batch's time after its
+    prefill, shared by the tokens each sequence decoded), else at batch 1 its time after the first
+    token; None where neither is known."""
+    if r.get("decode_s") is not None:
+        return r["decode_s"]
+    if batch_size == 1 and r.get("ttft_s") is not None:
+        return r["time_s"] - r["ttft_s"]
+    return None
+
+
 def _tok_s_runs(rs: list[dict], new: int) -> list[float]:
     """Tokens/s of the group in each repeat (records without ``time_s_runs`` ran once)."""
     times = [r.get("time_s_runs") or [r["time_s"]] for r in rs]
@@ -77,7 +90,7 @@ def _fmt(x, spec=".2f") -> str:
 
 
 def markdown(records: list[dict], header: dict, methods: list[str], tasks: list[str]) -> str:
-    s = summarize(records)
+    s = summarize(records, header.get("batch_size", 1))
     lines = ["# Benchmark results", ""]
     for k, v in header.items():
         if not isinstance(v, (dict, list)) or k == "skipped":  # machine-readable entries stay in the JSON
@@ -109,10 +122,10 @@ def markdown(records: list[dict], header: dict, methods: list[str], tasks: list[
                          f"| {_fmt(x['mean_step_tokens'], '.1f')} "
                          f"| {_fmt(ttft, '.0f')} | {mem} | {ident} |")
     lines.append("")
-    tables = [("speedup", "speedup over ar")]
-    if header.get("batch_size") == 1:  # a batch shares its wall time: no per-sequence decoding time
-        tables.append(("decode_speedup", "speedup over ar after the first token (decoding alone, without "
-                                         "the prefill every method shares)"))
+    tables = [("speedup", "speedup over ar"),
+              ("decode_speedup", "speedup over ar after the first token (decoding alone, without the prefill every "
+                                 "method shares" + ("; a batch's decoding time after its prefill" if
+                                                    header.get("batch_size", 1) > 1 else "") + ")")]
     tables.append(("tau", "tau (new tokens per forward)"))
     for metric, title in tables:
         lines += [f"### {title}", "", "| method | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]

@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report import _fmt, llamacpp_section, phase_summary, summarize, vllm_section  # noqa: E402
+from bench.report import _fmt, decode_seconds, llamacpp_section, phase_summary, summarize, vllm_section  # noqa: E402
 
 OUT = ROOT / "bench" / "RESULTS.md"
 
@@ -266,17 +266,19 @@ def _identical(x: dict | None) -> str:
     return "-" if x is None or x["identical"] is None else _fmt(x["identical"], ".0%")
 
 
-def _ms_per_token(records: list[dict], method: str) -> float:
-    """Wall ms per decoded token after the first, all of the method's records (batch 1)."""
-    rs = [r for r in records if r["method"] == method and r.get("ttft_s") is not None]
+def _ms_per_token(records: list[dict], method: str, batch_size: int = 1) -> float:
+    """Wall ms per decoded token after the first, all of the method's records (a batch's: its
+    decoding time over the tokens its sequences decoded); nan where a record has no decoding time."""
+    rs = [r for r in records if r["method"] == method]
+    secs = [decode_seconds(r, batch_size) for r in rs]
     tokens = sum(r["new_tokens"] - 1 for r in rs)
-    return 1e3 * sum(r["time_s"] - r["ttft_s"] for r in rs) / tokens if tokens > 0 else float("nan")
+    return 1e3 * sum(secs) / tokens if tokens > 0 and None not in secs else float("nan")
 
 
 def run_section(rel: str, note: str) -> list[str]:
     data = load(rel)
     head, records = data["header"], data["records"]
-    s = summarize(records)
+    s = summarize(records, head.get("batch_size", 1))
     methods, tasks = _order(records, "method"), _order(records, "task")
     cols = tasks + ["all"]
     prompts = sum(1 for r in records if r["method"] == "ar")
@@ -290,14 +292,18 @@ def run_section(rel: str, note: str) -> list[str]:
               "| method | tokens/s | speedup | after the first token | ms / token after the first | tau | identical |",
               "|---|---:|---:|---:|---:|---:|---:|"]
     for m in methods:
-        x = s[(m, "all")]
+        x, ms = s[(m, "all")], _ms_per_token(records, m, head.get("batch_size", 1))
         lines.append(f"| {m} | {_fmt(x['tok_s'], '.1f')} | {_fmt(x['speedup'])} | {_fmt(x['decode_speedup'])} "
-                     f"| {_fmt(_ms_per_token(records, m))} | {_fmt(x['tau'])} | {_identical(x)} |")
+                     f"| {_fmt(ms)} | {_fmt(x['tau'])} | {_identical(x)} |")
     lines.append("")
+    timed = any(x["decode_speedup"] == x["decode_speedup"] for x in s.values())  # not all nan
+    if not timed:  # a batched run recorded before its records held their decoding time
+        lines += ["(No decoding times after the first token: this batched run's records predate them.)", ""]
     for metric, title in (("decode_speedup", "Speedup over `ar` after the first token (decoding alone)"),
                           ("tau", "tau (new tokens per forward after the prefill)"),
                           ("speedup", "Speedup over `ar`, whole turn (prefill included)")):
-        lines += [f"{title}:", ""] + _table(s, methods, cols, lambda x, k=metric: _fmt(None if x is None else x[k]))
+        if metric != "decode_speedup" or timed:
+            lines += [f"{title}:", ""] + _table(s, methods, cols, lambda x, k=metric: _fmt(None if x is None else x[k]))
     lines += ["Share of greedy outputs identical to `ar`:", ""] + _table(s, methods, cols, _identical)
     # each empty without its records
     return lines + phase_lines(records, methods) + vllm_section(records, methods) + llamacpp_section(records, methods)
@@ -341,8 +347,9 @@ def render() -> str:
 
 def headline(rel: str = RUNS[0][0]) -> str:
     """The README's table: speedup over `ar` after the first token (tau) per method and task."""
-    records = load(rel)["records"]
-    s = summarize(records)
+    data = load(rel)
+    records = data["records"]
+    s = summarize(records, data["header"].get("batch_size", 1))
     methods, cols = _order(records, "method"), _order(records, "task") + ["all"]
     return "\n".join(_table(s, methods, cols, lambda x: f"{_fmt(x['decode_speedup'])} ({_fmt(x['tau'])})")).rstrip()
 

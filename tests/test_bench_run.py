@@ -120,8 +120,8 @@ def test_report_tau_ratio_to_hf_pld_is_a_mean_over_tasks():
 
 
 def test_report_decode_speedup_leaves_out_the_prefill():
-    """After the first token: (new tokens - 1) over (time - TTFT) per method, over ar's; shown at
-    batch 1 only (a batch shares its wall time)."""
+    """After the first token: (new tokens - 1) over (time - TTFT) per method, over ar's; a batched
+    run's from each record's decode_s (its share of the batch's decoding time), none without it."""
     from bench.report import markdown, summarize
 
     def rec(method, new, secs, ttft):
@@ -135,10 +135,50 @@ def test_report_decode_speedup_leaves_out_the_prefill():
     assert s[("pld", "a")]["decode_speedup"] == pytest.approx(3.0)
     assert s[("ar", "a")]["decode_tok_s"] == pytest.approx(100 / 3)
     assert "| pld | 3.00 |" in markdown(records, {"batch_size": 1}, ["ar", "pld"], ["a"])
-    assert "after the first token" not in markdown(records, {"batch_size": 4}, ["ar", "pld"], ["a"])
     no_ttft = [dict(r, ttft_s=None) for r in records]
     speedup = summarize(no_ttft)[("pld", "a")]["decode_speedup"]
     assert speedup != speedup  # nan
+    # batched: time_s is a share of the batch's wall time and ttft_s the batch's prefill, so without
+    # decode_s there is no decoding time (it was a negative one); with it, its numbers
+    batched = summarize(records, batch_size=4)[("pld", "a")]
+    assert batched["decode_tok_s"] != batched["decode_tok_s"] and batched["decode_speedup"] != batched["decode_speedup"]
+    timed = [dict(records[0], decode_s=4.0), dict(records[1], decode_s=1.0)]
+    assert summarize(timed, batch_size=4)[("pld", "a")]["decode_speedup"] == pytest.approx(4.0)
+    assert summarize(timed)[("ar", "a")]["decode_tok_s"] == pytest.approx(25.0)  # decode_s first at batch 1 too
+    md = markdown(timed, {"batch_size": 4}, ["ar", "pld"], ["a"])
+    assert "a batch's decoding time after its prefill" in md and "| pld | 4.00 |" in md
+
+
+def test_a_batch_decoding_time_is_shared_by_the_tokens_decoded(monkeypatch):
+    """measure: each repeat's decoding time is its wall time after the last sequence's first token
+    (None where one had none); a record's decode_s is its share of the batch's, by the tokens it
+    decoded after its first; merge keeps every round's."""
+    from bench import measure as bm
+    from bench.loop import Bench
+
+    now = iter([0.0, 1.0, 1.5, 4.0,   # repeat 1: start, first tokens at 1.0 and 1.5, end at 4.0
+                10.0, 11.0, 12.0])    # repeat 2: start, sequence 0's first token, end (1 never had one)
+    monkeypatch.setattr(bm.time, "perf_counter", lambda: next(now))
+    firsts = [[0, 1], [0]]
+
+    def call(clock):
+        for i in firsts.pop(0):
+            clock(i, [7])
+        return [{"output_ids": [1] * 5}, {"output_ids": [1] * 3}], {}
+
+    mem = SimpleNamespace(cuda=False, start=lambda: None, stop=lambda: (1.0, 0.0))
+    m = bm.measure(call, 2, 2, mem)
+    assert m.decode_secs == [2.5, None] and m.secs == [4.0, 2.0]
+    assert bm.merge([m, bm.Measured(m.outputs, [3.0], [0.5, 0.5], 1.0, 0.0, {}, [1.0])]).decode_secs == [2.5, None, 1.0]
+    b = Bench.__new__(Bench)
+    b.sp, b.text = SimpleNamespace(greedy=True), lambda ids: ""
+    conv = {"rec": {"id": "q", "question_id": 1, "task": "code", "next_turns": []}, "turn": 1}
+    for o in m.outputs:
+        o.update(forwards=1, step_tokens=None, accept_lengths=[], finish_reason="length", stats=None)
+    one = bm.Measured(m.outputs, [4.0], [1.0, 1.5], 1.0, 0.0, {}, [2.5])
+    recs = [b._record(conv, "ar", [1], one, j, [1] * 5) for j in (0, 1)]
+    assert [r["decode_s"] for r in recs] == [pytest.approx(2.5 * 4 / 6), pytest.approx(2.5 * 2 / 6)]
+    assert b._record(conv, "ar", [1], m, 0, [1] * 5)["decode_s"] is None  # a repeat without it
 
 def test_report_speedup_pairs_the_rounds(tmp_path):
     """With repeats, speedup is the median over rounds of the ratio within a round (the rounds
