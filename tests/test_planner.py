@@ -474,3 +474,44 @@ def test_calibration_never_raises_chances():
         plan.select([0], [t])
         plan.observe(0, outcome(t, [0, 1, 2, 3], [0, 1, 2, 3]))  # more accepted than expected
     assert plan.calibration == 1.0
+
+
+def test_off_critical_lists_the_sequences_behind_by_more_than_the_slack():
+    """A batch step drafts only where it can save a step: the sequences with the most tokens left
+    (within ``critical_slack``), where a step token costs; a batch of one always drafts."""
+    plan = Planner(linear_cost(10, 0.3), replace(FIXED, critical_slack=8))
+    assert plan.off_critical([100, 95, 91, 100]) == [2]  # 91 < 100 - 8; 95 is within the slack
+    assert plan.off_critical([100, 92, 100]) == []
+    assert plan.off_critical([7]) == [] and plan.off_critical([50, 0]) == [1]
+    assert Planner(linear_cost(10, 0.3), replace(FIXED, critical_slack=0)).off_critical([5, 4, 5]) == [1]
+    assert Planner(linear_cost(10, 0.3), replace(FIXED, critical_slack=None)).off_critical([100, 0]) == []
+    assert Planner(linear_cost(10, 0.0), FIXED).off_critical([100, 0]) == []  # free step tokens: all draft
+    assert Planner(linear_cost(10, 0.09), FIXED).off_critical([100, 0]) == []  # 0.9% of the step: free
+    with pytest.raises(ValueError, match="critical_slack"):
+        PlannerConfig(critical_slack=-1)
+
+
+@pytest.mark.parametrize("slack", [2, None])
+def test_a_batch_drafts_only_on_its_critical_path(tiny, slack):
+    """generate: a sequence with fewer tokens left than the batch's most minus the slack gets no
+    draft budget (max_depth 0) where step tokens cost; the outputs stay ar's."""
+    ref = [generate(tiny, [p], max_new_tokens=20, eos_token_ids=())[0].output_ids for p in PROMPTS]
+    plan = Planner(linear_cost(10, 0.3), PlannerConfig(learn_overhead=False, critical_slack=slack))
+    prop, seen = make_proposer("pld"), []
+    propose = prop.propose
+
+    def recording(states, budgets, ctx):
+        seen.append(([20 - (len(s.tokens) - s.prompt_len) for s in states], [b.max_depth for b in budgets]))
+        return propose(states, budgets, ctx)
+
+    prop.propose = recording
+    res = generate(tiny, PROMPTS, prop, planner=plan, max_new_tokens=20, eos_token_ids=())
+    assert [r.output_ids for r in res] == ref
+    behind = [(left, depths) for left, depths in seen if len(left) > 1 and min(left) < max(left) - 2]
+    assert behind  # the repeating prompt's prompt lookup ran ahead of the others
+    for left, depths in behind:
+        for r, d in zip(left, depths):
+            if slack is not None and r < max(left) - slack:
+                assert d == 0
+    if slack is None:
+        assert all(d > 0 for left, depths in behind for r, d in zip(left, depths) if r > 1)
