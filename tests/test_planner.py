@@ -477,8 +477,9 @@ def test_calibration_never_raises_chances():
 
 
 def test_off_critical_lists_the_sequences_behind_by_more_than_the_slack():
-    """A batch step drafts only where it can save a step: the sequences with the most tokens left
-    (within ``critical_slack``), where a step token costs; a batch of one always drafts."""
+    """A batch step drafts only where it can save a step: in the sequences with the most tokens left
+    (within ``critical_slack``), where a step token costs; those that ran further ahead send none;
+    a batch of one always drafts."""
     plan = Planner(linear_cost(10, 0.3), replace(FIXED, critical_slack=8))
     assert plan.off_critical([100, 95, 91, 100]) == [2]  # 91 < 100 - 8; 95 is within the slack
     assert plan.off_critical([100, 92, 100]) == []
