@@ -196,9 +196,6 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
     else:
         for d, p in zip(depth, planner.max_depth(sids, proposer.sources, contexts)):
             budgets.append(Budget(max_depth=min(d, p), planned=True))
-    if planner is not None and len(depth) > 1:  # a batch: only its critical path drafts, where tokens cost
-        for b in planner.off_critical(depth):
-            budgets[b] = Budget(max_depth=0, planned=True)
     mark("plan")
     trees = proposer.propose(states, budgets, ctx)
     mark("propose")

@@ -59,11 +59,6 @@ class PlannerConfig:
     # that is below 1: the nodes a step sends are the ones whose estimates came out highest, so
     # those estimates run above what is accepted (most where tokens are dear and steps are small)
     calibrate: bool = True
-    # a batch decodes until its last sequence is done, so a draft token saves a whole step only in a
-    # sequence on the critical path (the most tokens left to decode, within this slack); elsewhere
-    # it saves that sequence's row of a later step, where the batch's step costs more per token
-    # than that: there those sequences send no drafts (``off_critical``). None: every sequence drafts
-    critical_slack: Optional[int] = 8
 
     def __post_init__(self):
         if not 0.0 < self.prior < 1.0:
@@ -77,8 +72,6 @@ class PlannerConfig:
                              f"{self.window_weight}")
         if self.explore < 0:
             raise ValueError(f"explore must be >= 0, got {self.explore}")
-        if self.critical_slack is not None and self.critical_slack < 0:
-            raise ValueError(f"critical_slack must be None or >= 0, got {self.critical_slack}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.max_step_tokens is not None and self.max_step_tokens < 1:
@@ -417,28 +410,6 @@ class Planner:
                     break
             out.append(best_d)
         return out
-
-    def off_critical(self, remaining: list[int]) -> list[int]:
-        """The sequences of a batch (by index) that send no drafts this step: those with fewer
-        than the most ``remaining`` tokens to decode minus ``critical_slack``, where a step token
-        costs (one more token for the first sequence adds at least 1% to the batch's predicted
-        forward, at the contexts the step's ``max_depth`` or ``step_times`` was given). Why: the
-        batch's steps run until the sequence with the most left is done, so another sequence's
-        accepted token saves only its own row of a later step, not a step; measured at batch 8 on
-        a CPU, such drafts made steps dearer without making them fewer (bench/results/
-        2026-11-29-cpu-critical-path/NOTES.md)."""
-        slack = self.cfg.critical_slack
-        if slack is None or len(remaining) < 2:
-            return []
-        top = max(remaining)
-        behind = [b for b, r in enumerate(remaining) if r < top - slack]
-        if behind:
-            ones = [1] * len(remaining)
-            base = self._cost(ones)
-            ones[0] = 2
-            if self._cost(ones) - base < 0.01 * base:  # step tokens nearly free: drafts cost nothing
-                return []
-        return behind
 
     def step_times(self, sids: list[int], contexts: Optional[list[int]] = None) -> list[Callable[[int], float]]:
         """Per sequence, predicted ms of the step (forward + host) if it sends n step tokens and
