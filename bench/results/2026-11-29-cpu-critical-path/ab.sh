@@ -1,11 +1,12 @@
 #!/bin/bash
 # --batch-size 8 --limit 8 on the code before the critical-path rule (470e979, a worktree in $BEFORE)
 # and on this code, back to back, ROUNDS rounds (default 2; round r runs "after" first where r is
-# even), each planning with the pinned step-cost curve. Run from the repository root.
+# even; FIRST=N: the first round's number), each planning with the pinned step-cost curve. Run from the repository root.
 set -e
 OUT=${OUT:-bench/results/2026-11-29-cpu-critical-path}
 BEFORE=${BEFORE:-/work/wt-before}
-for round in $(seq ${ROUNDS:-2}); do
+FIRST=${FIRST:-1}
+for round in $(seq $FIRST $((FIRST + ${ROUNDS:-2} - 1))); do
 sides="before after"; [ $((round % 2)) = 0 ] && sides="after before"
 for side in $sides; do
   dir=$PWD; [ $side = before ] && dir=$BEFORE
