@@ -103,6 +103,13 @@ RUNS = [
      "session's start code (ab/ beside it). Host 0.13 ms (`ar`) to 0.36 ms (`hybrid`) a step against 0.17-0.44 "
      "before; `ar`'s forward 4.13 -> 3.84 ms. Every output identical to `ar`'s. Texts and token ids removed from "
      "the JSON; the run directory's NOTES.md has the pieces alone."),
+    ("bench/results/2026-11-29-cpu-critical-path/before-4/results.json",
+     "Batches of 8 prompts of one task (--batch-size 8 --limit 8), the default quantized path, one round (the "
+     "last of 4 alternated with a planner rule tried and not kept, planning with one pinned curve), the first "
+     "run with each batch's decoding time after its prefill: over the 4 rounds' medians 0.98 (pld, "
+     "lookahead+pld, hybrid) to 1.04x (suffix) ar after the first token, 1.01-1.03x over whole turns, single "
+     "runs 0.93-1.06x. Every output identical to ar's. Texts, token ids and accepted lengths removed from the "
+     "JSON; the run directory's NOTES.md has the rule and the rounds."),
     ("bench/results/2026-11-28-cpu-ranked-head/ab/b8-now/results.json",
      "Batches of 8 prompts of one task (--batch-size 8 --limit 8), the default quantized path, one round, the same "
      "code: 0.96-0.99x ar here, 1.01-1.04x in the round with the head's ranking alone (ab-head/); the host 0.29 "
