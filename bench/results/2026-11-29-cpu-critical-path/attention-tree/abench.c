@@ -1,6 +1,7 @@
 /* skinny_attention_kv16 from C: T rows after C context keys (smollm2's heads, fp16 pools, 2 threads), a causal
  * chain or a random tree with its mask; the fastest of 5 x n calls. Build: gcc (the library's flags) -shared
- * kernels/cpu/skinny_attention.c -o attn.so; gcc -O2 abench.c attn.so -o abench; abench T C n tree */
+ * kernels/cpu/skinny_attention.c -o attn.so; gcc -O2 abench.c attn.so -o abench; abench T C n tree.
+ * ../../2026-11-28-cpu-side-off/attention8/bench.c with a context apart from the step and a tree mask. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
