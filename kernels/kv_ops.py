@@ -285,3 +285,104 @@ def kv_compact(
         block_tables.stride(0), accept_idx.stride(0),
         BLOCK=block,
     )
+
+
+# --------------------------------------------------------------------------------------------
+# RoPE and the K/V store in one launch (the exact path's layer: docs/DESIGN.md, "The exact path")
+
+
+def rope_store_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int,
+                   k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """``rope_ref`` of the q and k heads of the fused qkv rows (T, (heads + 2 kv_heads) D) in
+    place, then ``kv_store_ref`` of the rotated k heads and the v heads into a layer's caches
+    (num_blocks, block_size, kv_heads, D) at ``slot_mapping`` (-1 = skip)."""
+    from kernels.elementwise import rope_ref
+
+    T, D = qkv.shape[0], k_cache.shape[-1]
+    rope_ref(qkv, cos, sin, heads + kv_heads, D)
+    k = qkv[:, heads * D:(heads + kv_heads) * D].view(T, kv_heads, D)
+    v = qkv[:, (heads + kv_heads) * D:(heads + 2 * kv_heads) * D].view(T, kv_heads, D)
+    kv_store_ref(k_cache, v_cache, k, v, slot_mapping)
+
+
+@triton.jit
+def _rope_store_kernel(x_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+                       heads, kv_heads, half, head_dim, block_size,
+                       stride_x, stride_c, stride_s, stride_cb, stride_cs, stride_ch,
+                       BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    d = tl.arange(0, BLOCK)
+    ok = d < half
+    x = x_ptr + t * stride_x + h * head_dim
+    x1 = tl.load(x + d, mask=ok, other=0.0)
+    x2 = tl.load(x + half + d, mask=ok, other=0.0)
+    c1 = tl.load(cos_ptr + t * stride_c + d, mask=ok, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + t * stride_c + half + d, mask=ok, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + t * stride_s + d, mask=ok, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + t * stride_s + half + d, mask=ok, other=0.0).to(tl.float32)
+    dt = x1.dtype  # kernels/elementwise.py's _rope_kernel, operation for operation
+    a1, b1 = (x1.to(tl.float32) * c1).to(dt), (x2.to(tl.float32) * s1).to(dt)
+    a2, b2 = (x2.to(tl.float32) * c2).to(dt), (x1.to(tl.float32) * s2).to(dt)
+    y1 = (a1.to(tl.float32) + b1.to(tl.float32)).to(dt)
+    y2 = (a2.to(tl.float32) + b2.to(tl.float32)).to(dt)
+    tl.store(x + d, y1, mask=ok)
+    tl.store(x + half + d, y2, mask=ok)
+    # a k head (h >= heads) with a slot: its rotated numbers and its v head into the caches. The
+    # scalar conditions enter the mask through the limit (the CPU interpreter mistypes
+    # `vector_bool & scalar_bool`)
+    slot = tl.load(slot_mapping_ptr + t).to(tl.int64)
+    kvh = h - heads
+    store = d < tl.where((kvh >= 0) & (slot >= 0), half, 0)
+    cache = (slot // block_size) * stride_cb + (slot % block_size) * stride_cs + kvh.to(tl.int64) * stride_ch
+    tl.store(k_cache_ptr + cache + d, y1, mask=store)
+    tl.store(k_cache_ptr + cache + half + d, y2, mask=store)
+    v = x + kv_heads * head_dim  # the v head of this k head
+    tl.store(v_cache_ptr + cache + d, tl.load(v + d, mask=store, other=0.0), mask=store)
+    tl.store(v_cache_ptr + cache + half + d, tl.load(v + half + d, mask=store, other=0.0), mask=store)
+
+
+def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int,
+               k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Triton version of ``rope_store_ref`` (same arguments, same result: ``rope``'s roundings,
+    the store a copy), one launch where ``rope`` and ``kv_store`` take two. Grid: (rows, q and
+    k heads). The caches are one layer's, 4-D, in qkv's dtype."""
+    from kernels.elementwise import check_rows
+
+    check_rows("qkv", qkv)
+    _check_caches(k_cache, v_cache)
+    if k_cache.dim() != 4:
+        raise ValueError(f"k_cache must be one layer's 4-D cache (num_blocks, block_size, n_kv_heads, head_dim), "
+                         f"got {tuple(k_cache.shape)}")
+    nb, bs, n_kv, D = k_cache.shape
+    T = qkv.shape[0]
+    if not isinstance(heads, int) or not isinstance(kv_heads, int) or heads < 0 or kv_heads != n_kv:
+        raise ValueError(f"heads must be an int >= 0 and kv_heads the caches' {n_kv}, got {heads!r}, {kv_heads!r}")
+    if D % 2 or qkv.shape[1] < (heads + 2 * kv_heads) * D:
+        raise ValueError(f"qkv rows must hold {heads} + 2 x {kv_heads} heads of {D} (an even head_dim), got "
+                         f"{qkv.shape[1]} columns")
+    if k_cache.dtype != qkv.dtype or k_cache.device != qkv.device:
+        raise ValueError(f"the caches must be qkv's dtype and device ({qkv.dtype}, {qkv.device}), got "
+                         f"{k_cache.dtype} on {k_cache.device}")
+    for name, c in (("cos", cos), ("sin", sin)):
+        if not isinstance(c, torch.Tensor) or c.shape != (T, D) or c.dtype != qkv.dtype \
+                or c.device != qkv.device or c.stride(-1) != 1:
+            raise ValueError(f"{name} must be a ({T}, {D}) {qkv.dtype} table on {qkv.device} "
+                             f"(stride(-1) == 1), got {getattr(c, 'shape', c)} {getattr(c, 'dtype', '')}")
+    if k_cache.stride() != v_cache.stride():
+        raise ValueError(f"k_cache and v_cache must have the same strides, got {k_cache.stride()} and "
+                         f"{v_cache.stride()}")
+    _check_index("slot_mapping", slot_mapping, 1, qkv.device, dtypes=(torch.int32, torch.int64))
+    if slot_mapping.numel() != T:
+        raise ValueError(f"slot_mapping must have {T} entries (one per row), got {slot_mapping.numel()}")
+    if checks.wanted(slot_mapping):  # on a GPU only under SPECDEC_CHECK_VALUES=1 (a host sync)
+        checks.in_range("slot_mapping", slot_mapping, -1, nb * bs, f"-1 skips, the cache has {nb * bs} slots")
+    if T == 0 or heads + kv_heads == 0:
+        return
+    half = D // 2
+    # no fused multiply-add: rope's roundings (kernels/elementwise.py)
+    _rope_store_kernel[(T, heads + kv_heads)](
+        qkv, cos, sin, k_cache, v_cache, slot_mapping,
+        heads, kv_heads, half, D, bs,
+        qkv.stride(0), cos.stride(0), sin.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        BLOCK=triton.next_power_of_2(half), enable_fp_fusion=False)

@@ -81,6 +81,84 @@ def test_exact_linear_bad_inputs(bad, match):
         exact_linear(**args)
 
 
+# ---- the layer's small steps fused into the product ----------------------------------------
+
+FUSED = {"norm": dict(norm=True), "silu": dict(silu=True), "residual": dict(residual=True),
+         "norm+residual": dict(norm=True, residual=True), "silu+residual": dict(silu=True, residual=True)}
+
+
+def fused_args(kind, M, K, N, dtype, seed):
+    """x, weight and the keyword arguments of a fused product ``kind`` (a key of FUSED)."""
+    opts = FUSED[kind]
+    x = rand((M, 2 * K if opts.get("silu") else K), dtype, seed)
+    kw = dict(silu=bool(opts.get("silu")))
+    if opts.get("norm"):
+        kw.update(norm=rand((K,), dtype, seed + 1, 0.5) + 1, eps=1e-5)
+    if opts.get("residual"):
+        kw.update(residual=rand((M, N), dtype, seed + 2))
+    return x, rand((N, K), dtype, seed + 3, 0.1), kw
+
+
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("kind", list(FUSED))
+@pytest.mark.parametrize("M, K, N, bias", [(1, 33, 17, False), (7, 200, 130, True), (20, 129, 65, True)])
+def test_fused_steps_match_ref(dtype, kind, M, K, N, bias):
+    x, w, kw = fused_args(kind, M, K, N, dtype, M + K)
+    b = rand((N,), dtype, 7) if bias else None
+    # 16-bit: the fused step's own rounding before the product may fall a step apart (the
+    # interpreter truncates bf16), a step of each of the residual and the product after it
+    tol = TOL[dtype] if dtype == torch.float32 else {k: 2 * v for k, v in TOL[dtype].items()}
+    torch.testing.assert_close(exact_linear(x, w, b, **kw), exact_linear_ref(x, w, b, **kw), **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_silu_and_residual_fused_are_the_separate_kernels_bit_for_bit(dtype):
+    """silu * up in the product's prologue is the silu_mul kernel's numbers, and the residual in
+    its epilogue torch's add of the rounded product: bit for bit (bf16's add only natively: the
+    interpreter truncates its casts where torch rounds)."""
+    from kernels.backend import triton_interpreted
+    from kernels.elementwise import silu_mul
+
+    M, K, N = 9, 150, 70
+    x, w, kw = fused_args("silu+residual", M, K, N, dtype, 5)
+    assert torch.equal(exact_linear(x, w, silu=True), exact_linear(silu_mul(x), w))
+    if dtype != torch.bfloat16 or not triton_interpreted():
+        res = kw["residual"]
+        assert torch.equal(exact_linear(x, w, silu=True, residual=res), res + exact_linear(silu_mul(x), w))
+        y = rand((M, K), dtype, 6)
+        assert torch.equal(exact_linear(y, w, residual=res), res + exact_linear(y, w))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("kind", ["norm", "silu+residual", "norm+residual"])
+def test_a_fused_rows_product_does_not_depend_on_the_step(dtype, kind):
+    """Every row of a 64-row fused product computed again in steps of 1 and 7 rows at offsets
+    that put it at every place of a tile: the same bits (the norm's sum of squares included)."""
+    bm, bn, bk = TILE[dtype]
+    K, N = bk + 21, bn + 13
+    x, w, kw = fused_args(kind, 64, K, N, dtype, 11)
+    full = exact_linear(x, w, **kw)
+    for m, starts in ((1, [0, 1, 15, 16, 47, 63]), (7, [0, 5, 13, 57])):
+        for s in starts:
+            part_kw = dict(kw, residual=kw["residual"][s:s + m]) if "residual" in kw else kw
+            assert torch.equal(exact_linear(x[s:s + m], w, **part_kw), full[s:s + m]), (kind, m, s)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(silu=True), "2K"),
+    (dict(x=torch.zeros(2, 16), silu=True, norm=torch.ones(8)), "norm and silu"),
+    (dict(norm=torch.ones(7)), r"norm must be None or a contiguous \(8,\)"),
+    (dict(residual=torch.zeros(2, 4)), r"residual must be None or a \(2, 5\)"),
+    (dict(residual=torch.zeros(2, 5, dtype=torch.float16)), "residual"),
+])
+def test_fused_bad_inputs(bad, match):
+    args = {**dict(x=torch.zeros(2, 8), weight=torch.zeros(5, 8)), **bad}
+    if bad.get("silu") and "x" not in bad:
+        args["x"] = torch.zeros(2, 9)
+    with pytest.raises(ValueError, match=match):
+        exact_linear(**args)
+
+
 # ---- attention ----------------------------------------------------------------------------
 
 N_HEADS, N_KV, HEAD_DIM, BLOCK = 4, 2, 32, 16

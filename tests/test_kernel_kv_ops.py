@@ -145,3 +145,56 @@ def test_kv_compact_bad_inputs():
     for name, fn in cases:
         with pytest.raises(ValueError, match=name):
             fn()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads, kv_heads, d", [(4, 2, 24), (3, 3, 10), (6, 1, 64)])
+def test_rope_store_is_rope_then_kv_store(dtype, heads, kv_heads, d):
+    """One launch for RoPE of the q and k heads and the store of k and v: bit for bit the two
+    kernels it replaces (the cache and qkv), and their references (bf16 under the interpreter:
+    its casts truncate)."""
+    from kernels.backend import triton_interpreted
+    from kernels.elementwise import rope
+    from kernels.kv_ops import rope_store, rope_store_ref
+
+    nb, bs, T, layers = 7, 4, 9, 3
+    shape = (layers, nb, bs, kv_heads, d)
+    pool_k, pool_v = poisoned_cache(shape, dtype, 3), poisoned_cache(shape, dtype, 4)
+    g = torch.Generator().manual_seed(heads * d)
+    qkv = torch.randn(T, (heads + 2 * kv_heads) * d + 5, generator=g).to(dtype)  # rows a little wider
+    ang = torch.rand(T, d // 2, generator=g) * 50
+    cos, sin = torch.cat([ang.cos()] * 2, -1).to(dtype), torch.cat([-ang.sin(), ang.sin()], -1).to(dtype)
+    slots = torch.randperm(nb * bs, generator=g)[:T]
+    slots[[2, 7]] = -1  # padding rows: not stored
+    a, ka, va = qkv.clone(), pool_k.clone(), pool_v.clone()
+    rope_store(a, cos, sin, heads, kv_heads, ka[1], va[1], slots)
+    b, kb, vb = qkv.clone(), pool_k.clone(), pool_v.clone()
+    rope(b, cos, sin, heads + kv_heads, d)
+    kv_store(kb[1], vb[1], b[:, heads * d:(heads + kv_heads) * d].view(T, kv_heads, d),
+             b[:, (heads + kv_heads) * d:(heads + 2 * kv_heads) * d].view(T, kv_heads, d), slots)
+    assert same(a, b) and same(ka, kb) and same(va, vb)
+    c, kr, vr = qkv.clone(), pool_k.clone(), pool_v.clone()
+    rope_store_ref(c, cos, sin, heads, kv_heads, kr[1], vr[1], slots)
+    if dtype == torch.bfloat16 and triton_interpreted():
+        torch.testing.assert_close(a, c, rtol=2 ** -6, atol=3 * 2 ** -7 * float(qkv.abs().max()))
+    else:
+        assert same(a, c) and same(ka, kr) and same(va, vr)
+
+
+def test_rope_store_bad_inputs():
+    from kernels.kv_ops import rope_store
+
+    kc = torch.zeros(4, 2, 2, 8)
+    qkv, cs, slots = torch.zeros(3, 48), torch.zeros(3, 8), torch.zeros(3, dtype=torch.int64)
+    for args, match in [
+        ((qkv, cs, cs, 2, 1, kc, kc, slots), "kv_heads the caches' 2"),
+        ((qkv[:, :40], cs, cs, 2, 2, kc, kc, slots), "qkv rows must hold"),
+        ((qkv, cs, cs, 2, 2, kc.half(), kc.half(), slots), "caches must be qkv's dtype"),
+        ((qkv, cs[:2], cs, 2, 2, kc, kc, slots), "cos must be"),
+        ((qkv, cs, cs, 2, 2, kc, kc, slots[:2]), "slot_mapping must have 3"),
+        ((qkv, cs, cs, 2, 2, kc[None], kc[None], slots), "4-D"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            rope_store(*args)
+    with pytest.raises(ValueError, match="slot_mapping"):  # a slot past the cache (checked on a CPU)
+        rope_store(qkv, cs, cs, 2, 2, kc, kc, torch.tensor([0, 1, 8], dtype=torch.int64))
