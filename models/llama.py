@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import elementwise, quant, skinny
+from kernels import elementwise, kv_ops, quant, skinny
 from kernels.backend import Backend, StepMeta
 from kernels.exact_linear import exact_linear
 from kernels.norm import rms_norm as fused_rms_norm
@@ -131,6 +131,8 @@ class Block(nn.Module):
         self.w_down = Linear(cfg.intermediate_size, d, bias=False)
 
     def forward(self, h, cos, sin, meta: StepMeta, k_cache, v_cache, backend: Backend, window, plan=None):
+        if backend.exact:
+            return self._exact(h, cos, sin, meta, k_cache, v_cache, backend, window, plan)
         T = h.shape[0]  # h: (T, d)
         fused = backend.fused_ops  # one launch per norm (the residual add with the second), RoPE, silu * up
         qkv = self.wqkv(fused_rms_norm(h, self.attn_norm, self.eps) if fused else rms_norm(h, self.attn_norm, self.eps))
@@ -145,6 +147,26 @@ class Block(nn.Module):
             h = h + self.wo(o.reshape(T, -1))
             x = rms_norm(h, self.mlp_norm, self.eps)
         return h + self.w_down(silu_mul(self.w_gate_up(x), fused))
+
+    def _exact(self, h, cos, sin, meta: StepMeta, k_cache, v_cache, backend: Backend, window, plan):
+        """The layer on the exact path: each RMSNorm in its product's prologue, silu * up in the down
+        projection's, the residual adds in the epilogues of the attention's output and the down
+        projection, RoPE with the K/V store (kernels/exact_linear.py, kernels/kv_ops.py ``rope_store``):
+        6 launches with the attention's, where the forward above makes 11, every row still computed as
+        in a step of its own. Why: on a GPU a small model's forward is bound by its launches, not its
+        bytes (issue 53; docs/DESIGN.md, "The exact path")."""
+        T, H, KV, D = h.shape[0], self.n_heads, self.n_kv, self.head_dim
+        qkv = exact_linear(h, self.wqkv.weight, self.wqkv.bias, norm=self.attn_norm, eps=self.eps)
+        if k_cache.dtype == qkv.dtype:
+            kv_ops.rope_store(qkv, cos.view(T, D), sin.view(T, D), H, KV, k_cache, v_cache, meta.slot_mapping)
+            q = qkv[:, :H * D].view(T, H, D)
+        else:  # a cache in another dtype (set by hand): the store casts
+            q, k = rope_qk(qkv, H, KV, D, cos, sin, True)
+            backend.kv_store(k_cache, v_cache, k, qkv[:, (H + KV) * D:].view(T, KV, D), meta.slot_mapping, plan)
+        o = backend.attention(q, k_cache, v_cache, meta, D**-0.5, window, plan)
+        h = exact_linear(o.reshape(T, -1), self.wo.weight, self.wo.bias, residual=h)
+        x = exact_linear(h, self.w_gate_up.weight, self.w_gate_up.bias, norm=self.mlp_norm, eps=self.eps)
+        return exact_linear(x, self.w_down.weight, self.w_down.bias, silu=True, residual=h)
 
 
 class Transformer(nn.Module):
@@ -222,6 +244,9 @@ class Transformer(nn.Module):
                 cos, sin = rope_tables(meta.positions, self.inv_freq, h.dtype)
             for i, layer in enumerate(self.layers):
                 h = layer(h, cos, sin, meta, k_cache[i], v_cache[i], self.backend, window, plan)
+            if self.backend.exact and not hidden and self.head_quant is None:  # the final norm in the head's prologue
+                return exact_linear(h if logits_idx is None else h[logits_idx], self.head_weight, None,
+                                    out_dtype=torch.float32, norm=self.norm, eps=self.cfg.rms_norm_eps)
             out = self._final_norm(h, logits_idx)
         return out if hidden else self.head(out)
 

@@ -42,6 +42,48 @@ def test_every_product_and_the_head_take_the_exact_kernel(tiny_exact, tmp_path):
     assert tiny_exact.head(h).dtype == torch.float32
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])  # qwen2: the qkv product's bias
+def test_the_fused_exact_layer_computes_the_models_forward(arch, monkeypatch):
+    """The exact path's layer (norms, silu * up and residuals fused into its products, RoPE with
+    the K/V store): six launches a layer, none of the separate small kernels, and in fp32 the
+    torch backend's logits (the same model, the reference forward) to fp32's rounding, over a
+    prefill, a tree step and a decoding step."""
+    import kernels.exact_linear as el
+    from kernels import elementwise, kv_ops
+
+    hf = tiny_hf_model(arch, seed=3)
+    exact = from_hf(hf, backend=get_backend("triton", DEVICE, exact=True), dtype=torch.float32, device=DEVICE).model
+    ref = from_hf(hf, backend=get_backend("torch"), dtype=torch.float32).model
+    calls = {"fused": 0, "rope_store": 0}
+    real_linear, real_store = el.exact_linear, kv_ops.rope_store
+
+    def counted_linear(*a, **kw):
+        calls["fused"] += any(kw.get(k) is not None and kw.get(k) is not False for k in ("norm", "silu", "residual"))
+        return real_linear(*a, **kw)
+
+    def counted_store(*a, **kw):
+        calls["rope_store"] += 1
+        return real_store(*a, **kw)
+
+    def refused(*a, **kw):
+        raise AssertionError("a separate small kernel on the exact path")
+
+    import models.llama as llama
+    monkeypatch.setattr(llama, "exact_linear", counted_linear)
+    monkeypatch.setattr(kv_ops, "rope_store", counted_store)
+    for mod, name in ((llama, "fused_rms_norm"), (elementwise, "silu_mul"), (elementwise, "rope"),
+                      (kv_ops, "kv_store")):
+        monkeypatch.setattr(mod, name, refused)
+    prompt, tokens, parents = [5, 6, 7, 8, 5, 6, 7, 9, 11], [9, 3, 4, 5], [-1, 0, 0, 1]
+    a, b = _prefilled(exact, prompt), _prefilled(ref, prompt)
+    layers = exact.cfg.num_layers
+    assert calls == {"fused": 4 * layers + 1, "rope_store": layers}  # 4 products a layer, the head
+    for step in ([StepInput(0, tokens, depths=[0, 1, 1, 2], parents=parents)], [StepInput(0, [9])]):
+        torch.testing.assert_close(a.step(step)[0], b.step(step)[0], rtol=1e-4, atol=1e-4)
+        a.commit({0: [0]})
+        b.commit({0: [0]})
+
+
 def _prefilled(model, prompt):
     runner = ModelRunner(model, cache_tokens=256, block_size=4)
     runner.add_sequence(0)
