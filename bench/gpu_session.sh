@@ -15,8 +15,9 @@
 #   profile  one SmolLM2-shape step profiled: host / device ms and launches, eager and replayed
 #   e2e      end to end on the real default model with Triton kernels, beside transformers
 #   exact    the exact path (--exact, issue 53): its tests natively, every method's bf16 greedy identity
-#            to ar with and without --exact (--cuda-graphs --limit 1 --repeats 2), and replayed forward
-#            times with and without it (SmolLM2 and 7B shapes); not in the default list
+#            to ar with and without --exact (--cuda-graphs --limit 1 --repeats 2), replayed forward
+#            times with and without it (SmolLM2 and 7B shapes), and its one-token step profiled
+#            (launches a forward, against the profile step's default path); not in the default list
 # BEFORE_DIR (optional): another checkout of this repository (e.g. `git archive START | tar -x -C
 # .gpu/before`, carried along): the e2e step then runs there first and here second, on the same
 # warm machine, so a change's before / after comes from one device call (e2e_before/, e2e/).
@@ -91,8 +92,9 @@ if step e2e; then
     fi
 fi
 if step exact; then
-    # Sized for one device call: at most 550 s with every part at its timeout (tests 100, each e2e
-    # run 140, each SmolLM2-shape speed run 35, each 7B-shape one 50), in order of importance.
+    # Sized for one device call: at most 580 s with every part at its timeout (tests 100, each e2e
+    # run 140, each SmolLM2-shape speed run 35, each 7B-shape one 50, the profile 30), in order of
+    # importance.
     # EXACT_GRAPHS="" and EXACT_E2E_ARGS / EXACT_SPEED_ARGS let a CPU dry run use tiny settings.
     GRAPHS=${EXACT_GRAPHS---cuda-graphs}
     stamp "exact tests: start"
@@ -147,7 +149,12 @@ for meth in methods:
     print(f"| {meth} | " + " | ".join(cells) + " |")
 PYEOF
     stamp "exact summary: rc $?"
+    stamp "exact profile: start"  # launches a forward on the exact path (the profile step: the default's)
+    # shellcheck disable=SC2086
+    timeout "${EXACT_PROFILE_S:-30}" $PY bench/profile_step.py --shape smollm2-135m --kernel triton $GRAPHS --exact \
+        --out "$DIR/exact_profile" > "$DIR/exact_profile.md" 2>> "$LOG"
+    stamp "exact profile: rc $?"
     cat "$DIR/exact_tests.txt" | tail -3
-    cat "$DIR/exact_summary.md" "$DIR"/exact_speed_*/model_speed.md 2>/dev/null
+    cat "$DIR/exact_summary.md" "$DIR"/exact_speed_*/model_speed.md "$DIR/exact_profile.md" 2>/dev/null
 fi
 cat "$DIR/kernels.md" "$DIR/speed/model_speed.md" "$DIR"/graphs_*/model_speed.md "$DIR/profile.md" "$DIR/e2e/results.md" 2>/dev/null

@@ -2,7 +2,7 @@
 
     python bench/profile_step.py [--shape smollm2-135m|mistral-7b|tiny] [--tokens 1] [--batch 1]
                                  [--context 512] [--dtype bf16] [--kernel triton] [--cuda-graphs]
-                                 [--steps 5] [--top 15] [--out DIR]
+                                 [--exact] [--steps 5] [--top 15] [--out DIR]
 
 Random weights (nothing to download). Profiles ``steps`` forwards of the same prepared step
 with ``torch.profiler`` after two warm-up ones: the eager forward, and with ``--cuda-graphs``
@@ -10,7 +10,8 @@ also ``ModelRunner.forward`` replaying a CUDA graph. Prints per forward the host
 device time, the number of launches (CUDA kernel launches by torch ops, Triton / cuBLAS launches
 through the driver, graph launches), then the ops that took the most host time. On a CPU it
 runs too (host time only): a smoke test of the script. The profiler adds host time of its own,
-so compare the two rows of one run, not a row with an unprofiled timing.
+so compare the two rows of one run, not a row with an unprofiled timing. ``--exact`` profiles the
+exact path (``--kernel triton``): its launches a forward against the default path's.
 """
 
 import argparse
@@ -37,6 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kernel", choices=["triton", "torch"], default=None,
                    help="default: triton on a GPU, torch on a CPU")
     p.add_argument("--cuda-graphs", action="store_true", help="also profile the step replayed from a CUDA graph")
+    p.add_argument("--exact", action="store_true", help="the exact path (needs --kernel triton)")
     p.add_argument("--steps", type=int, default=5, help="profiled forwards per row (default 5)")
     p.add_argument("--top", type=int, default=15, help="ops listed by host time (default 15)")
     p.add_argument("--out", default=None, help="also write profile_step.json there")
@@ -49,6 +51,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.cuda_graphs and not (gpu and args.kernel == "triton"):
         p.error("--cuda-graphs needs a CUDA device and --kernel triton")
+    if args.exact and args.kernel != "triton":
+        p.error("--exact needs --kernel triton")
     if args.kernel == "triton" and not gpu:
         p.error("--kernel triton needs a GPU here (the interpreter says nothing about launches)")
     return args
@@ -90,7 +94,7 @@ def main(argv=None) -> dict:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cfg = ModelConfig(**SHAPES[args.shape])
-    model = random_model(cfg, get_backend(args.kernel, device), DTYPES[args.dtype], device)
+    model = random_model(cfg, get_backend(args.kernel, device, exact=args.exact), DTYPES[args.dtype], device)
     per_seq = args.context + args.tokens + 32
     runner = ModelRunner(model, cache_tokens=args.batch * per_seq, block_size=16, graphs=args.cuda_graphs)
     gen = torch.Generator().manual_seed(0)
@@ -107,10 +111,12 @@ def main(argv=None) -> dict:
                                         args.steps, device)
         if args.cuda_graphs:
             rows["graph replay"] = profile(lambda: runner.forward(tokens, meta, idx), args.steps, device)
-    head = dict(shape=args.shape, dtype=args.dtype, kernel=args.kernel, tokens=args.tokens, batch=args.batch,
+    head = dict(shape=args.shape, dtype=args.dtype, kernel=args.kernel, exact=args.exact, tokens=args.tokens,
+                batch=args.batch,
                 context=args.context, device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                 torch=torch.__version__, command=" ".join(sys.argv))
-    print(f"# One step profiled: {args.shape}, {args.dtype}, {args.kernel}, {args.batch} x {args.tokens} tokens, "
+    print(f"# One step profiled: {args.shape}, {args.dtype}, {args.kernel}{', exact' if args.exact else ''}, "
+          f"{args.batch} x {args.tokens} tokens, "
           f"context {args.context}, {head['device']} (per forward, mean of {args.steps}; the profiler adds host time)")
     print("\n| run | host ms | device ms | launches |\n|---|---:|---:|---|")
     for name, r in rows.items():

@@ -165,7 +165,8 @@ def test_profile_step_runs_and_counts_per_forward(tmp_path):
     assert list(res["rows"]) == ["eager forward"] and row["host_ms"] > 0 and len(row["top"]) == 4
     assert any(t["op"] == "aten::mm" or t["op"] == "aten::linear" for t in row["top"])
     assert (tmp_path / "profile_step.json").is_file()
-    for bad in (["--tokens", "0"], ["--cuda-graphs"] if not torch.cuda.is_available() else ["--steps", "0"]):
+    for bad in (["--tokens", "0"], ["--cuda-graphs"] if not torch.cuda.is_available() else ["--steps", "0"],
+                ["--exact", "--kernel", "torch"]):
         with pytest.raises(SystemExit):
             profile_step.parse_args(bad)
 
