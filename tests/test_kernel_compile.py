@@ -65,12 +65,20 @@ SCRIPT = textwrap.dedent("""
         for has_causal, block in ((True, 32), (False, 1024)):
             compile_(ta._step_order_kernel, {"mask_ptr": "*i32", "cu_seqlens_ptr": "*i32", "causal_ptr": "*i8",
                      "order_ptr": "*i32", "count_ptr": "*i32"}, dict(HAS_CAUSAL=has_causal, BLOCK=block), target)
-        for dtype, bias, out in ((torch.bfloat16, True, "bf16"), (torch.bfloat16, False, "fp32"),
-                                 (torch.float16, False, "fp16"), (torch.float32, True, "fp32")):
+        # the plain product, then the exact path's fused forms: the norm in the prologue (a layer's,
+        # the head's with fp32 out), silu * up in the prologue and the residual in the epilogue
+        for dtype, bias, out, fused in ((torch.bfloat16, True, "bf16", ()), (torch.bfloat16, False, "fp32", ()),
+                                        (torch.float16, False, "fp16", ()), (torch.float32, True, "fp32", ()),
+                                        (torch.bfloat16, True, "bf16", ("NORM",)),
+                                        (torch.bfloat16, False, "fp32", ("NORM",)),
+                                        (torch.bfloat16, False, "bf16", ("SILU", "RESIDUAL")),
+                                        (torch.float32, False, "fp32", ("NORM", "RESIDUAL"))):
             bm, bn, bk = el.TILE[dtype]
             dt = TT[dtype]
-            compile_(el._linear_kernel, {"x_ptr": "*" + dt, "w_ptr": "*" + dt, "b_ptr": "*" + dt, "out_ptr": "*" + out},
-                     dict(HAS_BIAS=bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, UPCAST_DOT=False,
+            compile_(el._linear_kernel, {"x_ptr": "*" + dt, "w_ptr": "*" + dt, "b_ptr": "*" + dt, "out_ptr": "*" + out,
+                                         "nw_ptr": "*" + dt, "res_ptr": "*" + out, "eps": "fp32"},
+                     dict(HAS_BIAS=bias, NORM="NORM" in fused, SILU="SILU" in fused, RESIDUAL="RESIDUAL" in fused,
+                          BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, UPCAST_DOT=False,
                           DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32"), target)
         for dt in ("fp32", "bf16"):
             compile_(kv_ops._kv_store_kernel, {"k_ptr": "*" + dt, "v_ptr": "*" + dt, "k_cache_ptr": "*" + dt,
@@ -84,6 +92,9 @@ SCRIPT = textwrap.dedent("""
         for dt, block in (("fp32", 64), ("bf16", 32), ("fp16", 8)):
             compile_(ew._rope_kernel, {n: "*" + dt for n in ("x_ptr", "cos_ptr", "sin_ptr")}, dict(BLOCK=block), target)
             compile_(ew._silu_mul_kernel, {"gu_ptr": "*" + dt, "out_ptr": "*" + dt}, dict(BLOCK=1024), target)
+            compile_(kv_ops._rope_store_kernel, {n: "*" + dt for n in ("x_ptr", "cos_ptr", "sin_ptr", "k_cache_ptr",
+                                                                       "v_cache_ptr")} | {"slot_mapping_ptr": "*i64"},
+                     dict(BLOCK=block), target)
         ng_cases = itertools.product(("*i32", "*i64"), (1, 3), (False, True), (False, True)) if full else [
             ("*i64", 1, False, False), ("*i32", 3, True, True)]
         for it, nc, recent, partial in ng_cases:
