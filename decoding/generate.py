@@ -168,8 +168,8 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
     """One step of every active sequence: propose -> (plan) -> forward -> verify -> commit ->
     update. A planner sends a subtree of each proposed tree; outcomes name the proposer's nodes
     (the caller has the planner learn from them: ``Planner.observe_step``, with the step's time).
-    ``clock`` is told when each phase ends; ``glue``: the compiled twins of ``send`` and ``settle``
-    (``compiled.glue()``).
+    ``clock`` is told when each phase ends; ``glue``: the compiled twins of ``send``, the greedy
+    walks and ``settle`` (``compiled.glue()``).
 
     Written as plain loops, one per phase, calling the greedy walk directly for a proposer that
     keeps the common ``verify``: in this Python each comprehension and each function is a code object
@@ -208,12 +208,15 @@ def decode_step(runner: ModelRunner, proposer: Proposer, active: list[Sequence],
     else:
         reduced = [(lg, None, None) for lg in runner.step(inputs, None if clock is None else mark)]
     # the common rule, not overridden by the proposer's class or on the object itself
-    verdicts, own = [], greedy and getattr(proposer.verify, "__func__", None) is Proposer.verify
-    for st, t, r, (lg, top1, _) in zip(states, sent, rows, reduced):
-        if own:  # verify's greedy rule, called directly
-            verdicts.append(greedy_path(t, r, top1))
-        else:
-            verdicts.append(proposer.verify(st, t, lg, r, ctx.sampling, top1=top1))  # top1: None when sampling
+    own = greedy and getattr(proposer.verify, "__func__", None) is Proposer.verify
+    verdicts = glue.paths(sent, rows, reduced) if own and glue is not None else None  # greedy_path's, in one call
+    if verdicts is None:
+        verdicts = []
+        for st, t, r, (lg, top1, _) in zip(states, sent, rows, reduced):
+            if own:  # verify's greedy rule, called directly
+                verdicts.append(greedy_path(t, r, top1))
+            else:
+                verdicts.append(proposer.verify(st, t, lg, r, ctx.sampling, top1=top1))  # top1: None when sampling
     mark("verify")
     accepted = {}
     for sid, (path, _) in zip(sids, verdicts):

@@ -292,3 +292,46 @@ def test_the_glue_makes_only_plain_dataclasses_without_their_init():
     assert compiled.maker(Plain) == (Plain, ("a", "b", "c"))
     assert all(compiled.maker(c) is c for c in (Post, Frozen, Own, Factory, dict))
     assert compiled.maker(StepTree)[1][0] == "tokens" and compiled.maker(Outcome)[1][-2:] == ("_top1", "_topk")
+
+
+def reduced_following(rng: random.Random, trees: list[StepTree], rows: list[dict]) -> list[tuple]:
+    """Each row's argmax a child's token of its node most of the time (long accepted paths), else
+    any token: what the step's reduction hands the greedy walk."""
+    out = []
+    for t, r in zip(trees, rows):
+        top1 = [rng.randrange(50) for _ in r]
+        for node, j in r.items():
+            kids = list(t.children[node])
+            if kids and rng.random() < 0.7:
+                top1[j] = rng.choice(kids)
+        out.append((None, top1, None))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_paths_walk_as_greedy_path(glue, seed):
+    from decoding.verify import greedy_path
+
+    rng = random.Random(seed)
+    trees = [random_tree(rng) for _ in range(rng.randrange(1, 6))]
+    keep = [closed_subset(rng, t) for t in trees]
+    sent, rows, _ = send(list(range(len(trees))), trees, keep)
+    reduced = reduced_following(rng, sent, rows)
+    got = glue.paths(sent, rows, reduced)
+    assert got == [greedy_path(t, r, top1) for t, r, (_, top1, _) in zip(sent, rows, reduced)]
+    assert all(type(v) is tuple and type(v[0]) is list for v in got)
+
+
+def test_paths_leave_what_they_do_not_take_to_the_reference(glue):
+    rng = random.Random(3)
+    t = StepTree.root(1)
+    t.add_chain([2, 3], DRAFT)
+    sent, rows, _ = send([0], [t], None)
+    ok = [(None, [2, 3, 4], None)]
+    assert glue.paths(sent, rows, ok) == [([0, 1, 2], 4)]
+    for bad_rows, bad_reduced in (([{0: 0, 1: 1}], ok),  # node 2 has no row: the reference raises KeyError
+                                  (rows, [(None, [2, 3], None)]),  # a row past top1
+                                  (rows, [(None, None, None)]),  # sampling: no argmax
+                                  ([list(rows[0].items())], ok)):
+        assert glue.paths(sent, bad_rows, bad_reduced) is None
+    assert glue.paths(sent, rows, ok + ok) is None and rng is not None

@@ -1038,6 +1038,7 @@ int glue_step_init(void);
 PyObject *glue_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *glue_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *glue_outcomes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *glue_paths(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 static PyMethodDef methods[] = {
     {"send", (PyCFunction)(void (*)(void))glue_send, METH_FASTCALL,
@@ -1047,6 +1048,8 @@ static PyMethodDef methods[] = {
     {"outcomes", (PyCFunction)(void (*)(void))glue_outcomes, METH_FASTCALL,
      "outcomes(active, trees, sent, rows, verdicts, reduced, keep, eos, seq_cls, make_outcome, update): "
      "generate.settle's outcomes, or None"},
+    {"paths", (PyCFunction)(void (*)(void))glue_paths, METH_FASTCALL,
+     "paths(sent, rows, reduced): decode_step's greedy verdicts (greedy_path per sequence), or None"},
     {"learn", (PyCFunction)(void (*)(void))learn, METH_FASTCALL,
      "learn(fn, table, tokens, rows, path, top): recycle.learn_from into a compiled table; its code or None"},
     {"select", (PyCFunction)(void (*)(void))select_trees, METH_FASTCALL,

@@ -15,6 +15,8 @@
  *   the bonus appended as ``Sequence.append`` appends them (cut at EOS or the length, ``finish``
  *   set alike), the sent subtree's path and rows renamed, the ``Outcome`` made, then the
  *   proposer's ``update`` (None: none) called with it before the next sequence.
+ * - paths(sent, rows, reduced) -> verdicts or None: decode_step's greedy walks (``greedy_path`` per
+ *   sequence) in one call.
  *
  * make_*: a class, or (class, field names) from decoding/compiled.py ``maker`` (``make`` below).
  *
@@ -33,7 +35,7 @@
 #include <string.h>
 
 static PyObject *a_tokens, *a_parents, *a_depths, *a_sources, *a_candidate, *a_group, *a_extra, *a_chance, *a_pinned;
-static PyObject *a_subtree, *a_logit_nodes, *a_is_chain;
+static PyObject *a_subtree, *a_logit_nodes, *a_is_chain, *a_children;
 static PyObject *a_prompt_len, *a_max_new, *a_finish, *a_top1, *a_topk, *s_eos, *s_length;
 static PyObject *a_stats, *a_state, *a_sid, *a_tree, *a_path, *a_rows, *a_new_tokens, *a_sent, *a_forwards,
     *a_step_tokens, *a_accepted_hist, *a_proposed, *a_accepted, *a_accept_lengths;
@@ -45,12 +47,12 @@ int glue_step_init(void) {
                            "pinned", "subtree", "logit_nodes", "is_chain", "stats", "state", "sid", "tree", "path",
                            "rows", "new_tokens", "sent", "forwards", "step_tokens", "accepted_hist", "proposed",
                            "accepted", "accept_lengths", "prompt_len", "max_new_tokens", "finish", "_top1", "_topk",
-                           "eos", "length"};
+                           "eos", "length", "children"};
     PyObject **slots[] = {&a_tokens, &a_parents, &a_depths, &a_sources, &a_candidate, &a_group, &a_extra, &a_chance,
                           &a_pinned, &a_subtree, &a_logit_nodes, &a_is_chain, &a_stats, &a_state, &a_sid, &a_tree,
                           &a_path, &a_rows, &a_new_tokens, &a_sent, &a_forwards, &a_step_tokens, &a_accepted_hist,
                           &a_proposed, &a_accepted, &a_accept_lengths, &a_prompt_len, &a_max_new, &a_finish, &a_top1,
-                          &a_topk, &s_eos, &s_length};
+                          &a_topk, &s_eos, &s_length, &a_children};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*slots[i] = PyUnicode_InternFromString(names[i]))) return -1;
     return (no_args = PyTuple_New(0)) ? 0 : -1;
@@ -793,4 +795,80 @@ done:
     for (Py_ssize_t b = 0; b < B; b++) settle_release(&steps[b]);
     free(steps);
     return out;
+}
+
+/* paths(sent, rows, reduced) -> verdicts or None: decode_step's greedy loop in one call, per
+ * sequence ``decoding.verify.greedy_path(sent[b], rows[b], reduced[b][1])``: from the root, the
+ * child whose token is the argmax of its parent's row, while there is one; then (path, the
+ * argmax after its last node). The same objects the reference returns (the bonus is top1's item).
+ * None, having made nothing, where a tree's children are not a list of dicts, a node has no row,
+ * a row is outside top1 or a value is not what the reference's walk reads: the reference then
+ * runs and raises what it raises. */
+PyObject *glue_paths(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2])) Py_RETURN_NONE;
+    PyObject *sent = args[0], *rows = args[1], *reduced = args[2];
+    const Py_ssize_t B = PyList_GET_SIZE(sent);
+    if (PyList_GET_SIZE(rows) != B || PyList_GET_SIZE(reduced) != B) Py_RETURN_NONE;
+    PyObject *out = PyList_New(B);
+    if (!out) return NULL;
+    for (Py_ssize_t b = 0; b < B; b++) {
+        PyObject *red = PyList_GET_ITEM(reduced, b), *r = PyList_GET_ITEM(rows, b);
+        if (!PyTuple_Check(red) || PyTuple_GET_SIZE(red) < 2 || !PyList_Check(PyTuple_GET_ITEM(red, 1)) ||
+            !PyDict_CheckExact(r))
+            goto not_taken;
+        PyObject *top1 = PyTuple_GET_ITEM(red, 1);
+        PyObject *children = PyObject_GetAttr(PyList_GET_ITEM(sent, b), a_children);
+        if (!children) {
+            PyErr_Clear();
+            goto not_taken;
+        }
+        PyObject *path = PyList_New(0), *node = PyLong_FromLong(0), *bonus = NULL;
+        if (!path || !node || PyList_Append(path, node) < 0) goto fail_walk;
+        for (;;) {
+            if (!PyList_Check(children)) goto walk_not_taken;
+            PyObject *row = PyDict_GetItemWithError(r, node); /* borrowed */
+            if (!row || !PyLong_CheckExact(row)) goto walk_not_taken;
+            const Py_ssize_t ri = PyLong_AsSsize_t(row), ni = PyLong_AsSsize_t(node);
+            if (ri < 0 || ri >= PyList_GET_SIZE(top1) || ni < 0 || ni >= PyList_GET_SIZE(children))
+                goto walk_not_taken;
+            PyObject *tok = PyList_GET_ITEM(top1, ri), *kids = PyList_GET_ITEM(children, ni);
+            if (!PyDict_CheckExact(kids) || !PyLong_CheckExact(tok)) goto walk_not_taken;
+            PyObject *child = PyDict_GetItemWithError(kids, tok); /* borrowed */
+            if (!child) {
+                if (PyErr_Occurred()) goto walk_not_taken;
+                bonus = tok;
+                break;
+            }
+            if (!PyLong_CheckExact(child) || PyList_Append(path, child) < 0) goto walk_not_taken;
+            Py_INCREF(child);
+            Py_SETREF(node, child);
+        }
+        PyObject *v = PyTuple_Pack(2, path, bonus);
+        Py_DECREF(path);
+        Py_DECREF(node);
+        Py_DECREF(children);
+        if (!v) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, b, v);
+        continue;
+    walk_not_taken:
+        PyErr_Clear();
+        Py_XDECREF(path);
+        Py_XDECREF(node);
+        Py_DECREF(children);
+        goto not_taken;
+    fail_walk:
+        Py_XDECREF(path);
+        Py_XDECREF(node);
+        Py_DECREF(children);
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+not_taken:
+    Py_DECREF(out);
+    Py_RETURN_NONE;
 }
