@@ -35,23 +35,32 @@ def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def rope_head(x, cos_row, sin_row, half, d, ok):
+    """One head's RoPE in place (x: its first element; cos_row / sin_row: the row's tables; d < half
+    where ok): each product rounded to x's dtype, then their sum, as torch's ops round. Returns the
+    rotated halves (``kv_ops.rope_store`` stores them into the cache too)."""
+    x1 = tl.load(x + d, mask=ok, other=0.0)
+    x2 = tl.load(x + half + d, mask=ok, other=0.0)
+    c1 = tl.load(cos_row + d, mask=ok, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_row + half + d, mask=ok, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_row + d, mask=ok, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_row + half + d, mask=ok, other=0.0).to(tl.float32)
+    dt = x1.dtype
+    a1, b1 = (x1.to(tl.float32) * c1).to(dt), (x2.to(tl.float32) * s1).to(dt)  # rounded as torch's products
+    a2, b2 = (x2.to(tl.float32) * c2).to(dt), (x1.to(tl.float32) * s2).to(dt)
+    y1 = (a1.to(tl.float32) + b1.to(tl.float32)).to(dt)
+    y2 = (a2.to(tl.float32) + b2.to(tl.float32)).to(dt)
+    tl.store(x + d, y1, mask=ok)
+    tl.store(x + half + d, y2, mask=ok)
+    return y1, y2
+
+
+@triton.jit
 def _rope_kernel(x_ptr, cos_ptr, sin_ptr, half, stride_x, stride_c, stride_s, head_dim, BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     d = tl.arange(0, BLOCK)
-    ok = d < half
-    x = x_ptr + t * stride_x + h * head_dim
-    x1 = tl.load(x + d, mask=ok, other=0.0)
-    x2 = tl.load(x + half + d, mask=ok, other=0.0)
-    c1 = tl.load(cos_ptr + t * stride_c + d, mask=ok, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_ptr + t * stride_c + half + d, mask=ok, other=0.0).to(tl.float32)
-    s1 = tl.load(sin_ptr + t * stride_s + d, mask=ok, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_ptr + t * stride_s + half + d, mask=ok, other=0.0).to(tl.float32)
-    dt = x1.dtype
-    a1, b1 = (x1.to(tl.float32) * c1).to(dt), (x2.to(tl.float32) * s1).to(dt)  # rounded as torch's products
-    a2, b2 = (x2.to(tl.float32) * c2).to(dt), (x1.to(tl.float32) * s2).to(dt)
-    tl.store(x + d, (a1.to(tl.float32) + b1.to(tl.float32)).to(dt), mask=ok)
-    tl.store(x + half + d, (a2.to(tl.float32) + b2.to(tl.float32)).to(dt), mask=ok)
+    rope_head(x_ptr + t * stride_x + h * head_dim, cos_ptr + t * stride_c, sin_ptr + t * stride_s, half, d, d < half)
 
 
 @triton.jit

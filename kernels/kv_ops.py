@@ -6,6 +6,7 @@ import triton
 import triton.language as tl
 
 from kernels import checks
+from kernels.elementwise import check_rows, rope_head, rope_ref
 
 
 def kv_store_ref(
@@ -296,8 +297,6 @@ def rope_store_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head
     """``rope_ref`` of the q and k heads of the fused qkv rows (T, (heads + 2 kv_heads) D) in
     place, then ``kv_store_ref`` of the rotated k heads and the v heads into a layer's caches
     (num_blocks, block_size, kv_heads, D) at ``slot_mapping`` (-1 = skip)."""
-    from kernels.elementwise import rope_ref
-
     T, D = qkv.shape[0], k_cache.shape[-1]
     rope_ref(qkv, cos, sin, heads + kv_heads, D)
     k = qkv[:, heads * D:(heads + kv_heads) * D].view(T, kv_heads, D)
@@ -315,19 +314,7 @@ def _rope_store_kernel(x_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, slot_m
     d = tl.arange(0, BLOCK)
     ok = d < half
     x = x_ptr + t * stride_x + h * head_dim
-    x1 = tl.load(x + d, mask=ok, other=0.0)
-    x2 = tl.load(x + half + d, mask=ok, other=0.0)
-    c1 = tl.load(cos_ptr + t * stride_c + d, mask=ok, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_ptr + t * stride_c + half + d, mask=ok, other=0.0).to(tl.float32)
-    s1 = tl.load(sin_ptr + t * stride_s + d, mask=ok, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_ptr + t * stride_s + half + d, mask=ok, other=0.0).to(tl.float32)
-    dt = x1.dtype  # kernels/elementwise.py's _rope_kernel, operation for operation
-    a1, b1 = (x1.to(tl.float32) * c1).to(dt), (x2.to(tl.float32) * s1).to(dt)
-    a2, b2 = (x2.to(tl.float32) * c2).to(dt), (x1.to(tl.float32) * s2).to(dt)
-    y1 = (a1.to(tl.float32) + b1.to(tl.float32)).to(dt)
-    y2 = (a2.to(tl.float32) + b2.to(tl.float32)).to(dt)
-    tl.store(x + d, y1, mask=ok)
-    tl.store(x + half + d, y2, mask=ok)
+    y1, y2 = rope_head(x, cos_ptr + t * stride_c, sin_ptr + t * stride_s, half, d, ok)  # rope's, in place
     # a k head (h >= heads) with a slot: its rotated numbers and its v head into the caches. The
     # scalar conditions enter the mask through the limit (the CPU interpreter mistypes
     # `vector_bool & scalar_bool`)
@@ -347,8 +334,6 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: i
     """Triton version of ``rope_store_ref`` (same arguments, same result: ``rope``'s roundings,
     the store a copy), one launch where ``rope`` and ``kv_store`` take two. Grid: (rows, q and
     k heads). The caches are one layer's, 4-D, in qkv's dtype."""
-    from kernels.elementwise import check_rows
-
     check_rows("qkv", qkv)
     _check_caches(k_cache, v_cache)
     if k_cache.dim() != 4:

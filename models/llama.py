@@ -157,13 +157,9 @@ class Block(nn.Module):
         bytes (issue 53; docs/DESIGN.md, "The exact path")."""
         T, H, KV, D = h.shape[0], self.n_heads, self.n_kv, self.head_dim
         qkv = exact_linear(h, self.wqkv.weight, self.wqkv.bias, norm=self.attn_norm, eps=self.eps)
-        if k_cache.dtype == qkv.dtype:
-            kv_ops.rope_store(qkv, cos.view(T, D), sin.view(T, D), H, KV, k_cache, v_cache, meta.slot_mapping)
-            q = qkv[:, :H * D].view(T, H, D)
-        else:  # a cache in another dtype (set by hand): the store casts
-            q, k = rope_qk(qkv, H, KV, D, cos, sin, True)
-            backend.kv_store(k_cache, v_cache, k, qkv[:, (H + KV) * D:].view(T, KV, D), meta.slot_mapping, plan)
-        o = backend.attention(q, k_cache, v_cache, meta, D**-0.5, window, plan)
+        # the cache is in the model's dtype: kv_cache_dtype refuses another on the Triton backend
+        kv_ops.rope_store(qkv, cos.view(T, D), sin.view(T, D), H, KV, k_cache, v_cache, meta.slot_mapping)
+        o = backend.attention(qkv[:, :H * D].view(T, H, D), k_cache, v_cache, meta, D**-0.5, window, plan)
         h = exact_linear(o.reshape(T, -1), self.wo.weight, self.wo.bias, residual=h)
         x = exact_linear(h, self.w_gate_up.weight, self.w_gate_up.bias, norm=self.mlp_norm, eps=self.eps)
         return exact_linear(x, self.w_down.weight, self.w_down.bias, silu=True, residual=h)
