@@ -28,6 +28,7 @@ import os
 import shutil
 import warnings
 from dataclasses import asdict
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -37,7 +38,7 @@ import torch
 from kernels.backend import Backend
 from models.config import ModelConfig
 from models.llama import Transformer, rope_inv_freq
-from models.machine import DEFAULT_CACHE_DIR  # noqa: F401 -- also where callers found it
+from models.machine import DEFAULT_CACHE_DIR, write_whole  # noqa: F401 -- also where callers found it
 
 WEIGHTS = ("fp32", "q8_0", "native")
 DEFAULT_MODEL = "smollm2"
@@ -294,17 +295,63 @@ def _gguf_state_dict(reader, cfg: ModelConfig, path: Path) -> tuple[dict[str, to
     return sd, rope_factors
 
 
-def _cache_key(path: Path) -> str:
+# what a conversion entry's "done" file holds: the source it was made from and how it is keyed
+_ENTRY_FORMAT = "content-sha256"
+
+
+def _file_key(path: Path, cache_dir: Path | str) -> tuple[str, Path, bool]:
+    """(the sha256 of a GGUF file's content, the file that remembers it for this place of the file,
+    whether that held it). Remembered per (path, size, mtime) under ``cache_dir/gguf-keys``, so a
+    file is read through once per place, not at every load."""
     st = path.stat()
-    return hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|v1".encode()).hexdigest()[:16]
+    place = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    memo = Path(cache_dir) / "gguf-keys" / place
+    try:
+        digest = memo.read_text().strip()
+    except OSError:
+        digest = ""
+    if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest):
+        return digest, memo, True
+    with open(path, "rb") as f:  # none yet, or damaged
+        return hashlib.file_digest(f, "sha256").hexdigest(), memo, False
+
+
+def _cache_entry(path: Path, cache_dir: Path | str) -> Path:
+    """The conversion cache entry of a GGUF file, named by the file's content, not its place:
+    every fresh clone installs the default model into its own .venv, and an entry per path left
+    a 609 MB copy of the same conversion behind for each of them. The digest is remembered once
+    an entry stands for it (a file that fails to convert leaves nothing in the cache)."""
+    digest, memo, known = _file_key(path, cache_dir)
+    entry = Path(cache_dir) / f"{path.stem}-{digest[:16]}"
+    if not known and (entry / "done").is_file():
+        write_whole(memo, digest)
+    return entry
+
+
+def _prune_path_keyed(entry: Path, stem: str) -> None:
+    """Entries of the same file name that earlier versions keyed by the file's place (their "done"
+    holds a bare path): never read again, each a whole conversion on disk."""
+    for old in entry.parent.glob(f"{glob_escape(stem)}-*"):
+        tail = old.name[len(stem) + 1:]
+        if old == entry or len(tail) != 16 or any(c not in "0123456789abcdef" for c in tail):
+            continue  # another entry's or a conversion in progress (NAME.partial-PID)
+        try:
+            done = json.loads((old / "done").read_text())
+        except (OSError, ValueError):
+            done = None
+        if not (isinstance(done, dict) and done.get("format") == _ENTRY_FORMAT):
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _load_gguf(path: Path, cache_dir: Path):
     """-> (config, HF-named fp32 state dict, rope factors or None, tokenizer)."""
     from safetensors.torch import load_file, save_file
 
-    entry = cache_dir / f"{path.stem}-{_cache_key(path)}"
+    digest, memo, known = _file_key(path, cache_dir)
+    entry = cache_dir / f"{path.stem}-{digest[:16]}"
     if (entry / "done").is_file():
+        if not known:
+            write_whole(memo, digest)
         # every file of the entry is read and checked here (shapes against its config included):
         # a damaged entry is rebuilt from the GGUF file, never an error of its own
         try:
@@ -348,13 +395,16 @@ def _load_gguf(path: Path, cache_dir: Path):
     save_file({k: v.contiguous() for k, v in tosave.items()}, str(tmp / "model.safetensors"))
     (tmp / "config.json").write_text(json.dumps(asdict(cfg)))
     tok.save_pretrained(str(tmp / "tokenizer"))
-    (tmp / "done").write_text(str(path))
+    (tmp / "done").write_text(json.dumps({"format": _ENTRY_FORMAT, "source": str(path)}))
     if entry.exists() and not (entry / "done").is_file():  # a half-written entry of an older version
         shutil.rmtree(entry, ignore_errors=True)
     try:
         tmp.replace(entry)
     except OSError:  # another process put its conversion there first: keep that one
         shutil.rmtree(tmp, ignore_errors=True)
+    if not known:
+        write_whole(memo, digest)
+    _prune_path_keyed(entry, path.stem)
     return cfg, sd, rope_factors, tok
 
 
@@ -367,7 +417,7 @@ def load_tokenizer(model: Optional[str] = None, cache_dir: Path | str = DEFAULT_
         path = resolve_model_path(model)
         if path.suffix != ".gguf":
             return _folder_tokenizer(path)
-        entry = Path(cache_dir) / f"{path.stem}-{_cache_key(path)}"
+        entry = _cache_entry(path, cache_dir)
         if (entry / "done").is_file():
             try:
                 return _folder_tokenizer(entry / "tokenizer")
@@ -575,7 +625,7 @@ def quantize_model(model: Transformer, weights: str, gguf_path: Optional[Path] =
     cached = None
     if gguf_path is not None and cache_dir is not None:
         # v2: the panel layout of kernels/quant.py, Q4_K taken natively (another layout or choice, another name)
-        cached = Path(cache_dir) / f"{gguf_path.stem}-{_cache_key(gguf_path)}" / f"{weights}-v2.safetensors"
+        cached = _cache_entry(gguf_path, cache_dir) / f"{weights}-v2.safetensors"
     shapes = {key: tuple((model.head_weight if key == "head" else lin.weight).shape) for key, lin, _ in prods}
     packed = _read_packed(cached, shapes) if cached is not None else None
     if packed is None:

@@ -215,7 +215,7 @@ def test_a_corrupt_conversion_cache_is_rebuilt(tmp_path, damage):
     with pytest.warns(UserWarning, match="unreadable"):
         again, tok = load_model(str(default_model_path()), cache_dir=cache, tune=False)
     assert torch.equal(again.embed.weight, model.embed.weight) and tok is not None
-    assert [p.name for p in cache.iterdir()] == [entry.name] and (entry / "done").is_file()
+    assert [p.name for p in cache.iterdir() if p.name != "gguf-keys"] == [entry.name] and (entry / "done").is_file()
     load_model(str(default_model_path()), cache_dir=cache, tune=False)  # the rebuilt entry reads back
 
 

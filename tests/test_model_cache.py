@@ -1,0 +1,91 @@
+"""The GGUF conversion cache is keyed by the file's content: one entry for copies of one file in
+several places (each fresh clone's .venv holds its own copy of the default model), and the
+entries earlier versions keyed by place removed when the file is converted again."""
+import json
+import os
+import shutil
+
+import pytest
+
+import models.loader as loader
+from models.loader import default_model_path, load_model
+
+
+class _Converting(Exception):
+    """Raised where a load starts converting the GGUF file (seconds the test need not spend)."""
+
+
+def _place(src, folder):
+    """``src`` at another path (a hard link where the file system allows one, else a copy)."""
+    folder.mkdir(parents=True)
+    dst = folder / src.name
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+    return dst
+
+
+def test_the_key_is_the_content_and_is_read_through_once_per_place(tmp_path, monkeypatch):
+    f = tmp_path / "a" / "m.gguf"
+    f.parent.mkdir()
+    f.write_bytes(b"GGUF one")
+    digest, memo, known = loader._file_key(f, tmp_path / "cache")
+    assert not known and len(digest) == 64 and not memo.exists()  # remembered only once an entry stands for it
+    entry = loader._cache_entry(f, tmp_path / "cache")
+    assert entry.name == f"m-{digest[:16]}" and not memo.exists()  # no entry yet: nothing remembered
+    (entry / "done").parent.mkdir(parents=True)
+    (entry / "done").write_text("{}")
+    assert loader._cache_entry(f, tmp_path / "cache") == entry and memo.read_text() == digest
+    monkeypatch.setattr(loader.hashlib, "file_digest", lambda *a: pytest.fail("the file was read again"))
+    assert loader._file_key(f, tmp_path / "cache") == (digest, memo, True)
+    monkeypatch.undo()
+    g = _place(f, tmp_path / "b")  # the same content elsewhere: the same entry
+    assert loader._cache_entry(g, tmp_path / "cache") == entry
+    f.unlink()
+    f.write_bytes(b"GGUF two")  # new content at the old place (its size or time differs): another key
+    assert loader._file_key(f, tmp_path / "cache")[0] != digest
+    _, g_memo, known = loader._file_key(g, tmp_path / "cache")
+    assert known and g_memo != memo
+    g_memo.write_text("not a digest")  # a damaged memo: the file is read again
+    assert loader._file_key(g, tmp_path / "cache") == (digest, g_memo, False)
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """The default GGUF file converted once into a cache of the module's own."""
+    cache = tmp_path_factory.mktemp("cache")
+    load_model(str(default_model_path()), cache_dir=cache, tune=False, weights="fp32")
+    (entry,) = [p for p in cache.iterdir() if (p / "done").is_file()]
+    return entry
+
+
+def test_copies_of_one_file_share_one_entry(converted, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    shutil.copytree(converted, cache / converted.name, copy_function=os.link)
+    monkeypatch.setattr(loader, "_open_gguf", lambda path: (_ for _ in ()).throw(_Converting(path)))
+    for venv in ("clone1", "clone2"):  # two environments, each with its own copy of the file
+        load_model(str(_place(default_model_path(), tmp_path / venv)), cache_dir=cache, tune=False, weights="fp32")
+    assert sorted(p.name for p in cache.iterdir()) == sorted([converted.name, "gguf-keys"])
+    assert len(list((cache / "gguf-keys").iterdir())) == 2  # one remembered digest per place
+    assert json.loads((converted / "done").read_text())["format"] == loader._ENTRY_FORMAT
+
+
+def test_entries_keyed_by_place_are_removed_on_conversion(converted, tmp_path):
+    cache, stem = tmp_path / "cache", default_model_path().stem
+    old = [cache / f"{stem}-{i:016x}" for i in range(3)]  # an earlier version's entries of this file
+    for i, e in enumerate(old):
+        e.mkdir(parents=True)
+        (e / "model.safetensors").write_bytes(b"x")
+        if i < 2:  # the third was left half-written
+            (e / "done").write_text(f"/some/clone{i}/.venv/{stem}.gguf")
+    other = cache / f"{stem}-{'f' * 16}"  # an entry of another file of the same name: kept
+    shutil.copytree(converted, other, copy_function=os.link)
+    keep = [cache / f"{stem}-{'0' * 16}.partial-123", cache / f"other.Q4_1-{'1' * 16}", cache / f"{stem}-x"]
+    for e in keep:  # a conversion in progress, another name's entry, a folder not named as entries are
+        e.mkdir()
+        (e / "done").write_text("/elsewhere")
+    load_model(str(default_model_path()), cache_dir=cache, tune=False, weights="fp32")
+    names = {p.name for p in cache.iterdir()}
+    assert not names & {e.name for e in old}
+    assert names == {converted.name, other.name, "gguf-keys"} | {e.name for e in keep}
