@@ -35,6 +35,9 @@ MAX_RANK_KEY = 3  # so do sibling ranks (0 = the first child of its parent, e.g.
 # calibration (PlannerConfig.calibrate): pseudo tokens behind a ratio of 1, decay per sequence step
 # (older steps fade), lowest factor
 CAL_WEIGHT, CAL_DECAY, CAL_FLOOR = 3.0, 0.97, 0.3
+# the least share of the curve's forward a step is predicted to take, whatever the learnt time beyond
+# it says (a fit of a few noisy steps must not make steps look free)
+MIN_OF_CURVE = 0.5
 
 
 @dataclass(slots=True)
@@ -51,7 +54,10 @@ class PlannerConfig:
     # measured step-cost curve (batch 1, up to 64 tokens) cannot show: planner_for sets this to
     # the graphs' row limit
     max_step_tokens: Optional[int] = None
-    learn_overhead: bool = True  # add the host's per-step time (wall time - predicted forward), a + b x tokens
+    # add what a step takes beyond the curve's forward (wall time - predicted forward), a + b x tokens: the
+    # host's work, and the curve's error on the machine as it runs now (below zero where the forward runs
+    # faster than the curve says; the step then still costs at least MIN_OF_CURVE of the curve)
+    learn_overhead: bool = True
     # drafts are sent only when they promise this much more than a one-token step (tokens per unit
     # of predicted time): the cost model's error is a few percent, so a smaller promise can be a loss
     min_gain: float = 0.0
@@ -304,8 +310,10 @@ class Planner:
         self.seq_acc: dict[int, Acceptance] = {}
         self.window_credit = 0.0  # accepted tokens only the window's harvest proposed
         self.window_columns = 0  # window columns sent
-        self.overhead_ms = 0.0  # the host's time per step at the mean step size seen
-        self.overhead_per_token = 0.0  # and what each step token adds to it (trees cost host work)
+        # a step's time beyond the curve's forward at the mean step size seen (the host's work, plus the
+        # curve's error now: may be below zero), and what each step token adds to it (>= 0: trees cost host work)
+        self.overhead_ms = 0.0
+        self.overhead_per_token = 0.0
         self._cal = [0.0, 0.0]  # decayed sums over sequence steps: expected and accepted draft tokens
         self._sent_expect: dict[int, float] = {}  # per sequence: expected draft tokens of what it sent
         self._ovh = [0.0] * 5  # decayed sums: weight, x, y, xx, xy (x = step tokens, y = wall - forward)
@@ -356,7 +364,9 @@ class Planner:
             return float("inf")
         if not self.cfg.learn_overhead:
             return self._cost(tokens)
-        return self._cost(tokens) + max(0.0, self.overhead_ms + self.overhead_per_token * (sum(tokens) - self._mean_x))
+        ms = self._cost(tokens)
+        extra = self.overhead_ms + self.overhead_per_token * (sum(tokens) - self._mean_x)
+        return max(MIN_OF_CURVE * ms, ms + extra)
 
     @property
     def _mean_x(self) -> float:
@@ -589,7 +599,7 @@ class Planner:
         mx, my = o[1] / o[0], o[2] / o[0]
         var = o[3] / o[0] - mx * mx
         self.overhead_per_token = max(0.0, (o[4] / o[0] - mx * my) / var) if var > 1.0 else 0.0
-        self.overhead_ms = max(0.0, my)
+        self.overhead_ms = my
         self.version += 1
         log = self.log
         log["steps"] += 1

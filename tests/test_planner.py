@@ -325,6 +325,26 @@ def test_overhead_is_learned_from_wall_time():
     assert fixed.log["steps"] == 200  # still reported
 
 
+def test_a_curve_that_overprices_steps_is_learnt_down_to_its_floor():
+    """A curve measured while the machine ran slower than now: the steps take less than it says,
+    the time learnt beyond it goes below zero and the predictions follow the wall clock (so a
+    one-token step is not priced above what it costs, which made drafts look cheaper than they
+    are); never below MIN_OF_CURVE of the curve."""
+    from decoding.planner import MIN_OF_CURVE
+
+    faster = Planner(linear_cost(10, 1), PlannerConfig())
+    for i in range(200):  # each step 3 ms under the curve, wider steps 0.2 ms a token more so
+        n = 1 + i % 9
+        faster.observe_time([n], 10 + n - 3 + 0.2 * (n - 1), 1)
+    assert faster.overhead_ms < 0 and faster.overhead_per_token == pytest.approx(0.2, abs=1e-6)
+    assert faster._time([1]) == pytest.approx(8, abs=1e-6) and faster._time([9]) == pytest.approx(17.6, abs=1e-6)
+    floor = Planner(linear_cost(10, 1), PlannerConfig())
+    for _ in range(100):
+        floor.observe_time([1], 2.0, 1)  # a fifth of the curve
+    assert floor.overhead_ms == pytest.approx(-9, abs=0.01)
+    assert floor._time([1]) == MIN_OF_CURVE * 11 and floor._time([5]) == MIN_OF_CURVE * 15
+
+
 def test_a_proposers_own_chances_replace_the_keyed_rates():
     t = chain(2, DRAFT)
     t.add_chain([5], PLD)  # rank 1 under the root

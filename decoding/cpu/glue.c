@@ -682,7 +682,7 @@ static PyObject *observe_step(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (!set_new(planner, s_overhead_per_token, PyFloat_FromDouble(var > 1.0 ? pmax(0.0, (o[4] / o[0] - mx * my) / var)
                                                                                 : 0.0)))
         goto done;
-    if (!set_new(planner, s_overhead_ms, PyFloat_FromDouble(pmax(0.0, my)))) goto done;
+    if (!set_new(planner, s_overhead_ms, PyFloat_FromDouble(my))) goto done;
     PyObject *bumps = PyLong_FromSsize_t(B + 1), *bumped = bumps ? PyNumber_Add(version, bumps) : NULL;
     Py_XDECREF(bumps);
     if (!set_new(planner, s_version, bumped)) goto done;

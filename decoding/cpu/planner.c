@@ -19,6 +19,7 @@
 /* decoding/tree.py's source bits and decoding/planner.py's key caps */
 enum { DRAFT = 8, WINDOW = 16, HARVEST = 32, RECYCLE = 64 };
 enum { MAX_DEPTH_KEY = 8, MAX_RANK_KEY = 3, BACKED_DEPTH = 1 };
+#define MIN_OF_CURVE 0.5 /* decoding/planner.py's */
 enum { NOT_BACKED = 0, BACKED = 1, NO_OPINION = 2 };
 enum { N_BIT_IDX = 10, N_KEYS = N_BIT_IDX * (MAX_DEPTH_KEY + 1) * (MAX_RANK_KEY + 1) * 2 * 3 };
 
@@ -101,8 +102,10 @@ static double time_of(const plan_cfg *c, const plan_cost *s, const int *tokens, 
     if (c->max_step_tokens >= 0 && total > c->max_step_tokens) return INFINITY;
     const double ms = cost_of(s, tokens, B, bad);
     if (!c->learn_overhead) return ms;
+    /* the learnt time beyond the curve may be below zero (a curve measured on a slower machine
+     * state), never below MIN_OF_CURVE of the curve (decoding/planner.py) */
     const double extra = c->overhead_ms + c->overhead_per_token * ((double)total - c->mean_x);
-    return ms + (extra > 0.0 ? extra : 0.0);
+    return ms + extra > MIN_OF_CURVE * ms ? ms + extra : MIN_OF_CURVE * ms;
 }
 
 /* Planner.max_depth: out[b] for each of the B sequences. 0, or -2 when the cost tables are short. */
