@@ -80,6 +80,14 @@ RUNS = [
      "SIGILL in its warm-up (its repacked AMX products), and the bench ran every llama.cpp method again with "
      "--no-repack (llama-bench with --repack 0), as its header says. Five first turns, one round on a drifting "
      "VM. Texts, token ids and answers removed; the run directory's NOTES.md has the details."),
+    ("bench/results/2026-11-29-cpu-curve-error/hf2-after/results.json",
+     "Two prompts per task beside transformers, the default native weights, one round (the last of two alternated "
+     "with the code before it, both planning with one pinned curve: hf*-before/ beside it), after the planner's "
+     "learnt time beyond the curve may go below zero (one-token steps took 8-31% less than the curves said in "
+     "the loop here). Between the two codes the real runs moved within "
+     "their drift (medians +0.01 to +0.06 after the first token); with the forwards emulated (the same in every "
+     "run) and a curve overpricing one-token steps, every method gained 4-7%. Every output identical to `ar`'s. "
+     "Texts, token ids and answers removed; the run directory's NOTES.md has the tables."),
     ("bench/results/2026-11-28-cpu-fewer-calls/compare-hf-after-1/results.json",
      "Another CPU: a 2-core Intel Xeon (Emerald Rapids, 300 MB L3; the other CPU runs here are on a 2-core AMD "
      "EPYC), two prompts per task beside transformers, native weights, one round, after the step was cut to 26-47 "
