@@ -30,7 +30,7 @@ import warnings
 from dataclasses import asdict
 from glob import escape as glob_escape
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -319,13 +319,26 @@ def _file_key(path: Path, cache_dir: Path | str) -> tuple[str, Path, bool]:
 def _cache_entry(path: Path, cache_dir: Path | str) -> Path:
     """The conversion cache entry of a GGUF file, named by the file's content, not its place:
     every fresh clone installs the default model into its own .venv, and an entry per path left
-    a 609 MB copy of the same conversion behind for each of them. The digest is remembered once
-    an entry stands for it (a file that fails to convert leaves nothing in the cache)."""
+    a 609 MB copy of the same conversion behind for each of them."""
+    return _keyed_entry(path, cache_dir)[0]
+
+
+def _keyed_entry(path: Path, cache_dir: Path | str) -> tuple[Path, Callable[[], None]]:
+    """(``_cache_entry``, the call that remembers the file's digest for its place). The digest is
+    remembered once an entry stands for it (done here where one does; the conversion calls it
+    when it has made one): a file that fails to convert leaves nothing in the cache."""
     digest, memo, known = _file_key(path, cache_dir)
     entry = Path(cache_dir) / f"{path.stem}-{digest[:16]}"
-    if not known and (entry / "done").is_file():
-        write_whole(memo, digest)
-    return entry
+
+    def remember() -> None:
+        nonlocal known
+        if not known:
+            write_whole(memo, digest)
+            known = True
+
+    if (entry / "done").is_file():
+        remember()
+    return entry, remember
 
 
 def _prune_path_keyed(entry: Path, stem: str) -> None:
@@ -347,11 +360,8 @@ def _load_gguf(path: Path, cache_dir: Path):
     """-> (config, HF-named fp32 state dict, rope factors or None, tokenizer)."""
     from safetensors.torch import load_file, save_file
 
-    digest, memo, known = _file_key(path, cache_dir)
-    entry = cache_dir / f"{path.stem}-{digest[:16]}"
+    entry, remember = _keyed_entry(path, cache_dir)
     if (entry / "done").is_file():
-        if not known:
-            write_whole(memo, digest)
         # every file of the entry is read and checked here (shapes against its config included):
         # a damaged entry is rebuilt from the GGUF file, never an error of its own
         try:
@@ -402,8 +412,7 @@ def _load_gguf(path: Path, cache_dir: Path):
         tmp.replace(entry)
     except OSError:  # another process put its conversion there first: keep that one
         shutil.rmtree(tmp, ignore_errors=True)
-    if not known:
-        write_whole(memo, digest)
+    remember()
     _prune_path_keyed(entry, path.stem)
     return cfg, sd, rope_factors, tok
 
