@@ -369,15 +369,55 @@ PROPOSERS = {"pld": PromptLookupProposer, "suffix": SuffixProposer, "hybrid": Hy
 def vllm_model_folder(model: Optional[str] = None, cache_dir: Optional[Path] = None) -> Path:
     """The fp32 safetensors folder vLLM loads for one of our models: a Hugging Face folder as it
     is; a GGUF file (the default model is one) dequantised by transformers and saved once under
-    ``cache_dir/vllm/<name>`` (default ~/.cache/specdec), reused after."""
-    from models.loader import DEFAULT_CACHE_DIR, resolve_model_path
+    ``cache_dir/vllm/<name>-<content digest>`` (default ~/.cache/specdec), reused after. Named by
+    the file's content (``models.loader.content_key``), not its name: two files of one name are
+    two models, and one file installed in many places (each clone's .venv) is one folder."""
+    import os
+    import shutil
+
+    from models.loader import DEFAULT_CACHE_DIR, content_key, resolve_model_path
 
     path = resolve_model_path(model)
     if path.is_dir():
         return path
-    out = Path(cache_dir or DEFAULT_CACHE_DIR) / "vllm" / path.stem
-    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
-        return out
+    cache = Path(cache_dir or DEFAULT_CACHE_DIR)
+    name, remember = content_key(path, cache)
+    out = cache / "vllm" / name
+    if not _whole_folder(out):
+        tmp = out.with_name(f"{out.name}.partial-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        _dequantised_folder(path, tmp)
+        try:
+            tmp.replace(out)  # whole or not at all: an interrupted conversion is not mistaken for a done one
+        except OSError:  # another process made it first (or a damaged one stands there)
+            if not _whole_folder(out):
+                shutil.rmtree(out)
+                tmp.replace(out)
+        shutil.rmtree(tmp, ignore_errors=True)
+        legacy = cache / "vllm" / path.stem  # an earlier version's folder, named by the file's name alone
+        if (legacy / "config.json").is_file():
+            shutil.rmtree(legacy, ignore_errors=True)
+    remember()
+    return out
+
+
+def _whole_folder(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+
+
+def _dequantised_folder(path: Path, out: Path) -> None:
+    """GGUF file ``path`` dequantised to fp32 by transformers and saved with its tokenizer in ``out``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    # the weights are dequantised fp32 tensors now: drop the GGUF marks, or transformers refuses to
+    # save a "quantized" model (and vLLM would look for GGUF weights)
+    hf.hf_quantizer = None
+    if hasattr(hf.config, "quantization_config"):
+        del hf.config.quantization_config
+    hf.save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(out)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -323,12 +323,12 @@ def _cache_entry(path: Path, cache_dir: Path | str) -> Path:
     return _keyed_entry(path, cache_dir)[0]
 
 
-def _keyed_entry(path: Path, cache_dir: Path | str) -> tuple[Path, Callable[[], None]]:
-    """(``_cache_entry``, the call that remembers the file's digest for its place). The digest is
-    remembered once an entry stands for it (done here where one does; the conversion calls it
-    when it has made one): a file that fails to convert leaves nothing in the cache."""
+def content_key(path: Path, cache_dir: Path | str) -> tuple[str, Callable[[], None]]:
+    """(a name for a GGUF file's content: its stem and the first 16 hex digits of its sha256, the
+    call that remembers the digest for the file's place under ``cache_dir/gguf-keys``). A cache
+    that converts the file names its entry so (the conversions here, ``decoding.vllm``'s folder)
+    and calls ``remember`` once the entry stands: a file that fails to convert leaves nothing."""
     digest, memo, known = _file_key(path, cache_dir)
-    entry = Path(cache_dir) / f"{path.stem}-{digest[:16]}"
 
     def remember() -> None:
         nonlocal known
@@ -336,6 +336,14 @@ def _keyed_entry(path: Path, cache_dir: Path | str) -> tuple[Path, Callable[[], 
             write_whole(memo, digest)
             known = True
 
+    return f"{path.stem}-{digest[:16]}", remember
+
+
+def _keyed_entry(path: Path, cache_dir: Path | str) -> tuple[Path, Callable[[], None]]:
+    """(``_cache_entry``, the call that remembers the file's digest for its place: ``content_key``),
+    the digest remembered here where the entry is done already."""
+    name, remember = content_key(path, cache_dir)
+    entry = Path(cache_dir) / name
     if (entry / "done").is_file():
         remember()
     return entry, remember

@@ -89,3 +89,42 @@ def test_entries_keyed_by_place_are_removed_on_conversion(converted, tmp_path):
     names = {p.name for p in cache.iterdir()}
     assert not names & {e.name for e in old}
     assert names == {converted.name, other.name, "gguf-keys"} | {e.name for e in keep}
+
+
+def test_vllm_folder_is_keyed_by_content_and_converted_once(tmp_path, monkeypatch):
+    """decoding.vllm's fp32 folder for a GGUF file: one per content (two files of one name are two
+    folders, one file in two places one folder, converted once), an earlier version's folder named
+    by the file's name alone removed on conversion, a damaged folder made again."""
+    import decoding.vllm as dv
+
+    made = []
+
+    def fake(path, out):  # the dequantisation, seconds of transformers the test need not spend
+        made.append(path)
+        out.mkdir(parents=True)
+        (out / "config.json").write_text(json.dumps({"from": path.read_bytes().decode()}))
+        (out / "model.safetensors").write_bytes(b"w")
+
+    monkeypatch.setattr(dv, "_dequantised_folder", fake)
+    cache = tmp_path / "cache"
+    a, b = tmp_path / "a" / "m.gguf", tmp_path / "b" / "m.gguf"
+    for f, text in ((a, "GGUF one"), (b, "GGUF two")):
+        f.parent.mkdir()
+        f.write_bytes(text.encode())
+    legacy = cache / "vllm" / "m"
+    legacy.mkdir(parents=True)
+    (legacy / "config.json").write_text("{}")
+    fa, fb = dv.vllm_model_folder(str(a), cache), dv.vllm_model_folder(str(b), cache)
+    assert fa != fb and fa.parent == fb.parent == cache / "vllm" and fa.name.startswith("m-")
+    assert json.loads((fa / "config.json").read_text()) == {"from": "GGUF one"}
+    assert json.loads((fb / "config.json").read_text()) == {"from": "GGUF two"}
+    assert not legacy.exists() and made == [a, b]
+    c = _place(a, tmp_path / "c")  # the same content elsewhere: the same folder, no conversion
+    assert dv.vllm_model_folder(str(c), cache) == fa and made == [a, b]
+    (fa / "model.safetensors").unlink()  # damaged: made again
+    assert dv.vllm_model_folder(str(a), cache) == fa and (fa / "model.safetensors").is_file() and made == [a, b, a]
+    assert sorted(p.name for p in (cache / "vllm").iterdir()) == sorted([fa.name, fb.name])  # no .partial left
+    hf = tmp_path / "hf"  # a Hugging Face folder is loaded as it is
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    assert dv.vllm_model_folder(str(hf), cache) == hf
