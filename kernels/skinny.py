@@ -625,13 +625,16 @@ class StepArgs(ctypes.Structure):
                                                   "seq_mask")]
                 + [("kv_half", ctypes.c_int), ("positions", ctypes.c_void_p), ("final_norm", ctypes.c_void_p),
                    ("out_rows", ctypes.c_void_p), ("n_out", ctypes.c_int64), ("out", ctypes.c_void_p),
-                   ("side", ctypes.c_int)])
+                   ("side", ctypes.c_int), ("seq_causal", ctypes.c_void_p), ("tokens", ctypes.c_void_p),
+                   ("embed", ctypes.c_void_p), ("vocab", ctypes.c_int64)])
 
 
 def layers_unchecked(h: torch.Tensor, layers, n_layers: int, step: StepArgs) -> torch.Tensor:
     """h (T, d) fp32 contiguous through ``n_layers`` layers in place (``layers``: a ctypes array
     of LayerPtrs). The caller (models/llama.py) built the arguments and keeps their tensors alive."""
     rc = _lib.skinny_layers(h.data_ptr(), ctypes.addressof(layers), n_layers, ctypes.byref(step))
+    if rc == -3:  # step.tokens: torch's embedding would have raised the same
+        raise IndexError(f"a token id of the step is outside the vocabulary (0 .. {step.vocab - 1})")
     if rc != 0:
         raise MemoryError(f"skinny_layers could not allocate its buffers (T={step.T})")
     return h

@@ -34,18 +34,30 @@ class SeqPlan:
 
     def __init__(self, start: int, end: int, length: int, table_row: torch.Tensor, n_blk: int,
                  mask: Optional[torch.Tensor], causal: bool, block_ids: Optional[torch.Tensor] = None,
-                 prefill_ids: Optional[torch.Tensor] = None):
+                 prefill_ids: Optional[torch.Tensor] = None, tail_causal: bool = False):
         self.start, self.end = start, end  # query rows start:end of the packed step
         self.length = length  # keys: committed prefix + step
         self.table_row = table_row  # (n_blk,) the sequence's physical blocks, from the step's block table
         self.n_blk = n_blk
-        self.mask = mask  # (T, length) bool visibility; None = every key visible
+        self._mask = mask
         self.causal = causal  # SDPA's own causal rule (a whole causal prefill without a prefix)
+        # the causal rule after the committed prefix (row t sees keys j <= t + length - T): the C
+        # kernels take it as a flag (``mask`` makes its bytes on first use, for SDPA)
+        self.tail_causal = tail_causal
         self.block_ids = block_ids  # (n_blk,) int32 physical blocks (CPU: the skinny kernel's input)
         # the causal rule after the committed prefix, no window (row t sees keys j <= t + length - T),
         # with the int32 blocks: the CPU prefill kernel's case (a prompt, or a chunk of one)
         self.prefill_ids = prefill_ids
         self._gather: Optional[tuple] = None
+
+    @property
+    def mask(self) -> Optional[torch.Tensor]:
+        """(T, length) bool visibility; None = every key visible."""
+        if self._mask is None and self.tail_causal:
+            T = self.end - self.start
+            self._mask = torch.ones(T, self.length, dtype=torch.bool, device=self.table_row.device).tril(
+                diagonal=self.length - T)
+        return self._mask
 
     def _blocks(self) -> tuple[Optional[int], Optional[torch.Tensor]]:
         if self._gather is None:
@@ -122,10 +134,12 @@ def plan_step(cu_seqlens_q: torch.Tensor, positions: torch.Tensor, block_tables:
         window = sliding_window if sliding_window is not None and L > sliding_window else None
         n_blk = -(-L // block_size)
         row = block_tables[b, :n_blk]
-        vis, sdpa_causal = None, False
+        vis, sdpa_causal, tail = None, False, False
         if is_causal[b]:
             if T > 1 and C == 0 and window is None:
                 sdpa_causal = True
+            elif T > 1 and window is None:
+                tail = True  # SeqPlan.mask makes the bytes where a path needs them
             elif T > 1:
                 vis = torch.ones(T, L, dtype=torch.bool, device=dev).tril(diagonal=C)
         else:
@@ -146,7 +160,8 @@ def plan_step(cu_seqlens_q: torch.Tensor, positions: torch.Tensor, block_tables:
         # from plain greedy decoding; quantized products amplify a rounding into a changed token
         ids = cpu_ids if T <= SMALL_ROWS or not is_causal[b] else None
         prefill = cpu_ids if is_causal[b] and T > 1 and window is None else None
-        seqs.append(SeqPlan(s, e, L, row, n_blk, None if vis is None else vis.contiguous(), sdpa_causal, ids, prefill))
+        seqs.append(SeqPlan(s, e, L, row, n_blk, None if vis is None else vis.contiguous(), sdpa_causal, ids, prefill,
+                            tail))
     return StepPlan(seqs, slot_mapping)
 
 
@@ -187,7 +202,7 @@ def attention_planned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
             continue
         if small and sp.block_ids is not None and not sp.causal:
             outs.append(skinny.attention_unchecked(q[sp.start:sp.end], k_cache, v_cache, sp.block_ids, sp.length,
-                                                   sp.mask, False, scale))
+                                                   None if sp.tail_causal else sp.mask, sp.tail_causal, scale))
             continue
         if sp.first_block is not None:
             k = k_cache[sp.first_block:sp.first_block + sp.n_blk]

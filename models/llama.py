@@ -226,14 +226,14 @@ class Transformer(nn.Module):
         logits_idx: Optional[torch.Tensor] = None,  # (R,) rows of the step that need logits; None = all
         hidden: bool = False,  # return the final norm's rows (R, hidden), not the logits (``head`` makes them)
     ) -> torch.Tensor:  # (R, vocab) fp32
-        h = self.embed(tokens)
         window = self.cfg.sliding_window
         plan = self.backend.plan(meta, k_cache.shape[2], window)  # what all layers share, once
         # RoPE angles in fp32 from explicit positions (tree / window tokens share positions): a
         # table of every position where the step is planned on the CPU in fp32
-        table = self._rope_table(plan, h.dtype, meta.positions)
-        out = self._whole_stack(h, meta, plan, k_cache, v_cache, table, logits_idx)
+        table = self._rope_table(plan, self.embed.weight.dtype, meta.positions)
+        out = self._whole_stack(tokens, meta, plan, k_cache, v_cache, table, logits_idx)
         if out is None:
+            h = self.embed(tokens)
             if table is not None:
                 cos, sin = table[:, meta.positions.long()]
             else:
@@ -317,17 +317,22 @@ class Transformer(nn.Module):
             screen = self.__dict__["_head_screen"] = skinny.HeadScreen(w)
         return screen
 
-    def _whole_stack(self, h, meta: StepMeta, plan, k_cache, v_cache, table: Optional[torch.Tensor],
-                     logits_idx: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    def _whole_stack(self, tokens: torch.Tensor, meta: StepMeta, plan, k_cache, v_cache,
+                     table: Optional[torch.Tensor], logits_idx: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """Every layer in one C call (kernels/cpu/skinny_layers.c: the same kernels in the same
         order as ``Block.forward``, bit for bit) when each piece of the step would go to the skinny
         CPU kernels anyway: fp32 on x86, the torch backend's plan with the C attention for every
         sequence, every product planned ``skinny`` at this step's rows or quantized (one form).
-        Updates h in place and returns the final norm's rows of ``logits_idx`` (None: every row),
-        normed in the same call where the norm's weight and the rows' index take it; None: nothing
-        was done, use the per-op path."""
+        The tokens' embedding rows are gathered in the same call (``self.embed`` took some 40 us a
+        step in the decoding loop, its Python and dispatch cold after a forward). Returns the final
+        norm's rows of ``logits_idx`` (None: every row), normed in the same call where the norm's
+        weight and the rows' index take it; None: nothing was done, use the per-op path."""
         cfg = self.cfg
-        if not (isinstance(plan, StepPlan) and table is not None and _skinny_ok(h)
+        emb = self.embed.weight
+        if not (isinstance(plan, StepPlan) and table is not None
+                and emb.dtype == torch.float32 and emb.device.type == "cpu" and emb.is_contiguous()
+                and skinny.available() and tokens.dtype == torch.int64 and tokens.dim() == 1
+                and tokens.is_contiguous() and tokens.device.type == "cpu"
                 and (k_cache.dtype == torch.float32 or (k_cache.dtype == torch.float16 and skinny.kv16_available()))
                 and k_cache.is_contiguous() and v_cache.is_contiguous()
                 and meta.positions.dtype == torch.int32 and meta.positions.is_contiguous()
@@ -335,7 +340,8 @@ class Transformer(nn.Module):
             return None
         if any(sp.block_ids is None or sp.causal for sp in plan.seqs):
             return None
-        b = bucket(h.shape[0])
+        T = tokens.shape[0]
+        b = bucket(T)
         plain, tensors, fmts, checked = self._stack_parts()
         for lin in plain:
             if lin.plan is None or lin.plan.table[b] != "skinny":
@@ -347,20 +353,25 @@ class Transformer(nn.Module):
         seq_start = (ctypes.c_int32 * (len(seqs) + 1))(*[sp.start for sp in seqs], seqs[-1].end)
         seq_len = (ctypes.c_int64 * len(seqs))(*[sp.length for sp in seqs])
         blocks = (ctypes.c_void_p * len(seqs))(*[sp.block_ids.data_ptr() for sp in seqs])
-        masks = (ctypes.c_void_p * len(seqs))(*[None if sp.mask is None else sp.mask.data_ptr() for sp in seqs])
+        masks = (ctypes.c_void_p * len(seqs))(*[None if sp.tail_causal or sp.mask is None else sp.mask.data_ptr()
+                                                for sp in seqs])
+        causal = (ctypes.c_uint8 * len(seqs))(*[sp.tail_causal for sp in seqs])
         slots = meta.slot_mapping.to(torch.int64).contiguous()
-        step = skinny.StepArgs(h.shape[0], cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+        step = skinny.StepArgs(T, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                                cfg.intermediate_size, len(seqs), k_cache.shape[2], torch.get_num_threads(),
                                cfg.rms_norm_eps, cfg.head_dim ** -0.5, table[0].data_ptr(), table[1].data_ptr(),
                                slots.data_ptr(), ctypes.addressof(seq_start), ctypes.addressof(seq_len),
                                ctypes.addressof(blocks), ctypes.addressof(masks), int(k_cache.dtype == torch.float16),
                                meta.positions.data_ptr())
+        step.seq_causal, step.tokens, step.embed, step.vocab = (ctypes.addressof(causal), tokens.data_ptr(),
+                                                                emb.data_ptr(), emb.shape[0])
+        h = torch.empty(T, cfg.hidden_size)
         # the final norm in the same call (skinny_rms_norm, as ``rms_norm`` takes it), where it can
         norm, out = self.norm, None
         if (norm.dtype == torch.float32 and norm.is_contiguous() and not self.backend.fused_ops
                 and (logits_idx is None or (logits_idx.dtype == torch.int64 and logits_idx.is_contiguous()
                                             and logits_idx.device.type == "cpu"))):
-            out = torch.empty(h.shape[0] if logits_idx is None else logits_idx.shape[0], cfg.hidden_size)
+            out = torch.empty(T if logits_idx is None else logits_idx.shape[0], cfg.hidden_size)
             step.final_norm, step.n_out, step.out = norm.data_ptr(), out.shape[0], out.data_ptr()
             step.out_rows = None if logits_idx is None else logits_idx.data_ptr()
         kv_token = len(self.layers) * 2 * cfg.num_kv_heads * cfg.head_dim * k_cache.element_size()

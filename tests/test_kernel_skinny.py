@@ -989,3 +989,28 @@ def test_head_topk_rows_it_cannot_screen_and_bad_input():
         skinny.head_topk(h, screen, 1)
     with pytest.raises(ValueError, match="weight must be finite"):
         skinny.HeadScreen(torch.full((4, 8), float("inf")))
+
+
+def test_whole_stack_gathers_the_embedding_and_refuses_a_token_outside_the_vocabulary(monkeypatch):
+    """The one-call stack takes the step's token ids and gathers their embedding rows itself: a
+    token id outside the vocabulary raises IndexError there as the embedding would, before any
+    layer ran (the cache unchanged)."""
+    from helpers import ours_from_hf, tiny_hf_model
+    from models.runner import ModelRunner, StepInput
+
+    model = all_skinny(ours_from_hf(tiny_hf_model("llama", seed=7)).model)
+    runner = ModelRunner(model, cache_tokens=64)
+    runner.add_sequence(0)
+    runner.step([StepInput(0, list(range(3, 20)))])
+    runner.commit({0: list(range(17))})
+    tokens, meta, idx = runner.prepare([StepInput(0, [21, 22])])
+    calls = []
+    real = skinny.layers_unchecked
+    monkeypatch.setattr(skinny, "layers_unchecked", lambda *a: calls.append(a[3].tokens) or real(*a))
+    k_before = runner.cache.k.clone()
+    for wrong in (model.cfg.vocab_size, -1):
+        bad = tokens.clone()
+        bad[1] = wrong
+        with pytest.raises(IndexError):
+            model(bad, meta, runner.cache.k, runner.cache.v, idx)
+        assert calls and calls[-1] is not None and torch.equal(runner.cache.k, k_before)

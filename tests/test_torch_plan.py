@@ -151,3 +151,33 @@ def test_a_trees_visibility_is_unpacked_as_the_mask_words_say():
     masks = [(a.mask, b.mask) for a, b in zip(with_c.seqs, without.seqs)]
     assert any(a is not None for a, _ in masks)
     assert all((a is None and b is None) or torch.equal(a, b) for a, b in masks)
+
+
+def test_a_chain_after_a_prefix_is_planned_as_the_causal_rule_not_as_mask_bytes():
+    """A causal step of several rows after a committed prefix (a chain of drafts) carries the
+    causal rule as a flag for the C kernels (no (T, L) mask made per step); its mask, made on first
+    use for SDPA, is the rule's; and the C kernel's rows under the flag equal, bit for bit, its rows
+    under the mask bytes."""
+    from kernels import skinny
+
+    seqs = [Seq(C=37, T=4), Seq(C=0, T=6), Seq(C=64, T=1), Seq(C=5, T=3)]
+    batch = make_batch(seqs, 6, 2, 16, torch.float32, mode="none", block_size=4)
+    plan = plan_of(batch)
+    tail = [sp.tail_causal for sp in plan.seqs]
+    assert tail == [True, False, False, True] and all(sp._mask is None for sp in plan.seqs)
+    for sp in plan.seqs:
+        if sp.tail_causal:
+            T, L = sp.end - sp.start, sp.length
+            assert torch.equal(sp.mask, torch.ones(T, L, dtype=torch.bool).tril(diagonal=L - T))
+    if not skinny.available():
+        pytest.skip(f"skinny kernel: {skinny.unavailable_reason()}")
+    for sp in plan.seqs:
+        if sp.tail_causal:
+            q = batch.q[sp.start:sp.end]
+            flag = skinny.attention_unchecked(q, batch.k_cache, batch.v_cache, sp.block_ids, sp.length, None, True,
+                                              0.25)
+            masked = skinny.attention_unchecked(q, batch.k_cache, batch.v_cache, sp.block_ids, sp.length,
+                                                sp.mask, False, 0.25)
+            assert torch.equal(flag, masked)
+    ref = tree_attention_ref(*batch.args())
+    torch.testing.assert_close(attention_planned(batch.q, batch.k_cache, batch.v_cache, plan, 16**-0.5), ref)

@@ -63,6 +63,14 @@ typedef struct { /* the step: shared by every layer */
     /* request each next layer's keys and values while the products before its attention stream
      * (side_prefetch.h); 0: not (kernels/skinny.py side_stream says when) */
     int side;
+    /* (n_seq,) 1 where a sequence's rows see the keys by the causal rule after its committed
+     * prefix (row t: keys j <= t + seq_len - rows), its mask then NULL; or NULL: none does */
+    const uint8_t *seq_causal;
+    /* the step's token ids (T,) and the embedding table (vocab, d): h is their rows, gathered
+     * here; or tokens NULL: h holds them already */
+    const int64_t *tokens;
+    const float *embed;
+    int64_t vocab;
 } skinny_step;
 
 /* Where a stack's time goes, for bench/model_speed.py: seconds summed per phase while
@@ -134,9 +142,16 @@ static void add_into(float *h, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) h[i] = h[i] + y[i];
 }
 
-/* h (T, d) in place through `n_layers` layers. 0, -1 out of memory, or an attention error. */
+/* h (T, d) in place through `n_layers` layers (first gathered from the embedding where s->tokens
+ * is set). 0, -1 out of memory, -3 a token id outside 0 .. vocab - 1 (nothing done), or an
+ * attention error. */
 int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skinny_step *s) {
     const int T = s->T, d = s->d, H = s->H, KV = s->KV, D = s->D, I = s->I;
+    if (s->tokens) {
+        for (int t = 0; t < T; t++)
+            if (s->tokens[t] < 0 || s->tokens[t] >= s->vocab) return -3;
+        for (int t = 0; t < T; t++) memcpy(h + (int64_t)t * d, s->embed + s->tokens[t] * d, sizeof(float) * (size_t)d);
+    }
     const int64_t nq = (int64_t)(H + 2 * KV) * D;
     float *x = malloc(sizeof(float) * (size_t)T * d), *y = malloc(sizeof(float) * (size_t)T * d);
     float *qkv = malloc(sizeof(float) * (size_t)(T * nq)), *o = malloc(sizeof(float) * (size_t)T * H * D);
@@ -202,11 +217,12 @@ int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skin
                 const int r0 = s->seq_start[b], rn = s->seq_start[b + 1] - r0;
                 const float *qb = qkv + r0 * nq;
                 float *ob = o + (int64_t)r0 * H * D;
+                const int causal = s->seq_causal ? s->seq_causal[b] : 0;
                 rc = s->kv_half ? skinny_attention_kv16(qb, nq, rn, H, KV, D, w->k_cache, w->v_cache, s->seq_blocks[b],
-                                                        s->block_size, s->seq_len[b], s->seq_mask[b], 0, s->scale, ob,
-                                                        s->threads)
+                                                        s->block_size, s->seq_len[b], s->seq_mask[b], causal, s->scale,
+                                                        ob, s->threads)
                                 : skinny_attention(qb, nq, rn, H, KV, D, w->k_cache, w->v_cache, s->seq_blocks[b],
-                                                   s->block_size, s->seq_len[b], s->seq_mask[b], 0, s->scale, ob,
+                                                   s->block_size, s->seq_len[b], s->seq_mask[b], causal, s->scale, ob,
                                                    s->threads);
             }
         });
