@@ -85,8 +85,9 @@ RUNS = [
      "compare-hf-before/ beside it, both planning with one pinned curve), after a chain step went to the C "
      "attention as the causal rule instead of mask bytes and the layer stack gathered the embedding rows itself "
      "(1-2.5% off a chain step's forward, alternated in one process). The VM ran slower than in the run below "
-     "(`ar` 5.7 ms a step against 4.4); between the two codes the speedups over all tasks moved within their drift (-0.01 to "
-     "+0.04 after the first token). Every output identical to `ar`'s. Texts, token ids and answers removed; "
+     "(`ar` 5.7 ms a step against 4.4); between the two codes the speedups over all tasks moved within their "
+     "drift (-0.01 to +0.04 after the first token). Every output identical to `ar`'s. Texts, token ids and "
+     "answers removed; "
      "the run directory's NOTES.md has the tables."),
     ("bench/results/2026-11-29-cpu-curve-error/hf2-after/results.json",
      "Two prompts per task beside transformers, the default native weights, one round (the last of two alternated "
