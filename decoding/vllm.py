@@ -418,17 +418,3 @@ def _dequantised_folder(path: Path, out: Path) -> None:
         del hf.config.quantization_config
     hf.save_pretrained(out, safe_serialization=True)
     AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(out)
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tmp = out.with_name(out.name + ".partial")
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    # the weights are dequantised fp32 tensors now: drop the GGUF marks, or transformers refuses to
-    # save a "quantized" model (and vLLM would look for GGUF weights)
-    hf.hf_quantizer = None
-    if hasattr(hf.config, "quantization_config"):
-        del hf.config.quantization_config
-    hf.save_pretrained(tmp, safe_serialization=True)
-    AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(tmp)
-    tmp.replace(out)  # whole or not at all: an interrupted conversion is not mistaken for a done one
-    return out

@@ -128,3 +128,47 @@ def test_vllm_folder_is_keyed_by_content_and_converted_once(tmp_path, monkeypatc
     hf.mkdir()
     (hf / "config.json").write_text("{}")
     assert dv.vllm_model_folder(str(hf), cache) == hf
+
+
+def test_vllm_folder_conversion_saves_once_into_the_folder(tmp_path, monkeypatch):
+    """The conversion itself (transformers faked: what it is asked and what it writes): the model
+    loaded once from the GGUF, its GGUF marks dropped, saved with its tokenizer into the one folder
+    the name says, nothing else left under vllm/."""
+    import types
+
+    import transformers
+
+    import decoding.vllm as dv
+
+    loads = []
+
+    class FakeModel:
+        def __init__(self):
+            self.hf_quantizer = object()
+            self.config = types.SimpleNamespace(quantization_config={"gguf": True})
+
+        def save_pretrained(self, out, safe_serialization):
+            assert self.hf_quantizer is None and not hasattr(self.config, "quantization_config") and safe_serialization
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "config.json").write_text("{}")
+            (out / "model.safetensors").write_bytes(b"w")
+
+    class FakeTokenizer:
+        def save_pretrained(self, out):
+            (out / "tokenizer.json").write_text("{}")
+
+    def model_from(folder, gguf_file, dtype):
+        loads.append((folder, gguf_file))
+        return FakeModel()
+
+    monkeypatch.setattr(transformers, "AutoModelForCausalLM", types.SimpleNamespace(from_pretrained=model_from))
+    monkeypatch.setattr(transformers, "AutoTokenizer",
+                        types.SimpleNamespace(from_pretrained=lambda folder, gguf_file: FakeTokenizer()))
+    f = tmp_path / "a" / "m.gguf"
+    f.parent.mkdir()
+    f.write_bytes(b"GGUF one")
+    out = dv.vllm_model_folder(str(f), tmp_path / "cache")
+    assert loads == [(str(f.parent), "m.gguf")]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert [p.name for p in (tmp_path / "cache" / "vllm").iterdir()] == [out.name]
+    assert dv.vllm_model_folder(str(f), tmp_path / "cache") == out and len(loads) == 1
