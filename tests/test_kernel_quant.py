@@ -137,7 +137,7 @@ def test_a_row_does_not_depend_on_its_step(fmt, threads, isa):
     b = torch.randn(67, generator=g)
     x = torch.randn(64, k, generator=g)
     alone = torch.cat([quant.quant_linear(x[i:i + 1], qw, b, threads=1) for i in range(64)])
-    for m in (1, 2, 3, 4, 5, 7, 8, 9, 16, 33, 64):
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 16, 33, 64):
         for start in (0, 64 - m, (64 - m) // 2):
             got = quant.quant_linear(x[start:start + m], qw, b, threads=threads)
             assert torch.equal(got, alone[start:start + m]), (m, start)

@@ -283,10 +283,22 @@ typedef struct {
     }
 
 #if defined(__AVX512F__)
-#define TILES(F) QTILE(F, 1, 4) QTILE(F, 2, 3) QTILE(F, 1, 3) QTILE(F, 4, 2) QTILE(F, 3, 2) QTILE(F, 2, 2) QTILE(F, 1, 2)
+#define TILES(F)                                                                                              \
+    QTILE(F, 1, 4) QTILE(F, 2, 3) QTILE(F, 1, 3) QTILE(F, 6, 2) QTILE(F, 5, 2) QTILE(F, 4, 2) QTILE(F, 3, 2)  \
+        QTILE(F, 2, 2) QTILE(F, 1, 2)
 #define Q_WIDE 4   /* M = 1: panels in flight (64 rows of W) */
 #define Q_MID 3    /* M = 2, 3 in 2-row tiles */
-#define Q_NARROW 2 /* M >= 4 in 4-row tiles (2 x 4 x 2 accumulators + the panels' vectors: the 32 registers) */
+/* M >= 4: two panels, in 6-row tiles (2 x 6 x 2 accumulators + the panels' vectors: 28 of the 32
+ * registers, none spilled in the block loop), the rest in one tile of 5, 4, .. 1 rows. Per block
+ * a tile unpacks its panels' nibbles once for all its rows and does one float step per row and
+ * panel, so the more rows a tile holds, the more of the vector ports' work is vpdpbusd: at 5-6
+ * rows 0.83-0.87x the time of a 4-row tile and the rest, at 9-14 rows 0.87-0.94x, at 7-8 rows
+ * 0.94-0.98x (Q4_1, the default model's layer shapes; an even split into tiles of at most 6 was
+ * no faster: bench/results/2026-11-29-cpu-six-row-tiles/NOTES.md). Each output's arithmetic is
+ * the same in every tile. */
+#define Q_NARROW 2
+#define T_6(F) qtile##F##_6x2
+#define T_5(F) qtile##F##_5x2
 #define T_ONE(F) qtile##F##_1x4
 #define T_MID2(F) qtile##F##_2x3
 #define T_MID1(F) qtile##F##_1x3
@@ -299,6 +311,8 @@ typedef struct {
 #define Q_WIDE 2
 #define Q_MID 1
 #define Q_NARROW 1
+#define T_6(F) qtile##F##_2x1
+#define T_5(F) qtile##F##_2x1
 #define T_ONE(F) qtile##F##_1x2
 #define T_MID2(F) qtile##F##_2x1
 #define T_MID1(F) qtile##F##_1x1
@@ -332,8 +346,10 @@ static int q_tile_panels(int64_t M) { return M == 1 ? Q_WIDE : M < Q_MID_ROWS ? 
                 for (; m + 2 <= M; m += 2) T_2(F)(a, m, W, b, y, N, K, p, np);                                \
                 if (m < M) T_1(F)(a, m, W, b, y, N, K, p, np);                                                \
             } else {                                                                                          \
-                for (; m + 4 <= M; m += 4) T_4(F)(a, m, W, b, y, N, K, p, np);                                \
-                if (M - m == 3) T_3(F)(a, m, W, b, y, N, K, p, np);                                           \
+                for (; m + 6 <= M; m += 6) T_6(F)(a, m, W, b, y, N, K, p, np);                                \
+                if (M - m == 5) T_5(F)(a, m, W, b, y, N, K, p, np);                                           \
+                else if (M - m == 4) T_4(F)(a, m, W, b, y, N, K, p, np);                                      \
+                else if (M - m == 3) T_3(F)(a, m, W, b, y, N, K, p, np);                                      \
                 else if (M - m == 2) T_2(F)(a, m, W, b, y, N, K, p, np);                                      \
                 else if (M - m == 1) T_1(F)(a, m, W, b, y, N, K, p, np);                                      \
             }                                                                                                 \
