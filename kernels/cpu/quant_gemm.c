@@ -287,8 +287,8 @@ typedef struct {
     QTILE(F, 1, 4) QTILE(F, 2, 3) QTILE(F, 1, 3) QTILE(F, 6, 2) QTILE(F, 5, 2) QTILE(F, 4, 2) QTILE(F, 3, 2)  \
         QTILE(F, 2, 2) QTILE(F, 1, 2)
 #define Q_WIDE 4   /* M = 1: panels in flight (64 rows of W) */
-#define Q_MID 3    /* M = 2, 3 in 2-row tiles */
-/* M >= 4: two panels, in 6-row tiles (2 x 6 x 2 accumulators + the panels' vectors: 28 of the 32
+#define Q_MID 3    /* M = 2: one 2-row tile over three panels */
+/* M >= 3: two panels, in 6-row tiles (2 x 6 x 2 accumulators + the panels' vectors: 28 of the 32
  * registers, none spilled in the block loop), the rest in one tile of 5, 4, .. 1 rows. Per block
  * a tile unpacks its panels' nibbles once for all its rows and does one float step per row and
  * panel, so the more rows a tile holds, the more of the vector ports' work is vpdpbusd: at 5-6
@@ -324,7 +324,9 @@ typedef struct {
 TILES(4)
 TILES(5)
 TILES(8)
-#define Q_MID_ROWS 4
+/* from 3 rows on the NARROW tiles: three rows in one 3 x 2 tile took 0.69-0.82x the time of a 2 x 3
+ * tile then a 1 x 3 one (unpacking the panels twice), at two rows a 2 x 2 tile was no faster */
+#define Q_MID_ROWS 3
 
 static int q_tile_panels(int64_t M) { return M == 1 ? Q_WIDE : M < Q_MID_ROWS ? Q_MID : Q_NARROW; }
 
