@@ -80,6 +80,14 @@ RUNS = [
      "SIGILL in its warm-up (its repacked AMX products), and the bench ran every llama.cpp method again with "
      "--no-repack (llama-bench with --repack 0), as its header says. Five first turns, one round on a drifting "
      "VM. Texts, token ids and answers removed; the run directory's NOTES.md has the details."),
+    ("bench/results/2026-11-29-cpu-six-row-tiles/compare-hf-after-2/results.json",
+     "Two prompts per task beside transformers, the default native weights, the second of two rounds alternated "
+     "with the code before it (compare-hf-before-*/ and compare-hf-after-1/ beside it, all planning with one pinned "
+     "curve), after the quantized products took 6-row tiles from 4 rows on and one 3-row tile for 3 rows (a 3-, 5- "
+     "or 6-token forward 5-11% faster, 7-16 tokens 0-9%, bit for bit the same numbers, alternated in one process). "
+     "Between the two codes the speedups over all tasks moved within their drift (-0.02 to +0.07 after the first "
+     "token, the means of the rounds). Every output identical to `ar`'s. Texts, token ids and answers removed; the "
+     "run directory's NOTES.md has the tables."),
     ("bench/results/2026-11-29-cpu-around-the-stack/compare-hf-after/results.json",
      "Two prompts per task beside transformers, the default native weights, one round (after the code before it: "
      "compare-hf-before/ beside it, both planning with one pinned curve), after a chain step went to the C "
