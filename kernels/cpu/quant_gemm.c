@@ -284,8 +284,8 @@ typedef struct {
 
 #if defined(__AVX512F__)
 #define TILES(F)                                                                                              \
-    QTILE(F, 1, 4) QTILE(F, 2, 3) QTILE(F, 1, 3) QTILE(F, 6, 2) QTILE(F, 5, 2) QTILE(F, 4, 2) QTILE(F, 3, 2)  \
-        QTILE(F, 2, 2) QTILE(F, 1, 2)
+    QTILE(F, 1, 4) QTILE(F, 2, 3) QTILE(F, 6, 2) QTILE(F, 5, 2) QTILE(F, 4, 2) QTILE(F, 3, 2) QTILE(F, 2, 2)  \
+        QTILE(F, 1, 2)
 #define Q_WIDE 4   /* M = 1: panels in flight (64 rows of W) */
 #define Q_MID 3    /* M = 2: one 2-row tile over three panels */
 /* M >= 3: two panels, in 6-row tiles (2 x 6 x 2 accumulators + the panels' vectors: 28 of the 32
@@ -301,7 +301,6 @@ typedef struct {
 #define T_5(F) qtile##F##_5x2
 #define T_ONE(F) qtile##F##_1x4
 #define T_MID2(F) qtile##F##_2x3
-#define T_MID1(F) qtile##F##_1x3
 #define T_4(F) qtile##F##_4x2
 #define T_3(F) qtile##F##_3x2
 #define T_2(F) qtile##F##_2x2
@@ -315,7 +314,6 @@ typedef struct {
 #define T_5(F) qtile##F##_2x1
 #define T_ONE(F) qtile##F##_1x2
 #define T_MID2(F) qtile##F##_2x1
-#define T_MID1(F) qtile##F##_1x1
 #define T_4(F) qtile##F##_2x1
 #define T_3(F) qtile##F##_2x1
 #define T_2(F) qtile##F##_2x1
@@ -342,8 +340,7 @@ static int q_tile_panels(int64_t M) { return M == 1 ? Q_WIDE : M < Q_MID_ROWS ? 
             if (M == 1) {                                                                                     \
                 T_ONE(F)(a, 0, W, b, y, N, K, p, np);                                                         \
             } else if (M < Q_MID_ROWS) {                                                                      \
-                for (; m + 2 <= M; m += 2) T_MID2(F)(a, m, W, b, y, N, K, p, np);                             \
-                if (m < M) T_MID1(F)(a, m, W, b, y, N, K, p, np);                                             \
+                T_MID2(F)(a, 0, W, b, y, N, K, p, np); /* M = 2 */                                            \
             } else if (Q_NARROW == 1) {                                                                       \
                 for (; m + 2 <= M; m += 2) T_2(F)(a, m, W, b, y, N, K, p, np);                                \
                 if (m < M) T_1(F)(a, m, W, b, y, N, K, p, np);                                                \
