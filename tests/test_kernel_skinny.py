@@ -660,6 +660,44 @@ def test_whole_stack_call_is_bit_for_bit_the_per_op_path(monkeypatch, arch, isa)
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_whole_stack_attends_a_ragged_batch_in_one_call_bit_for_bit(monkeypatch, threads):
+    """The stack attends every sequence of a step in one call (one task list, one parallel region):
+    four sequences of 1-5 rows over 21-153 keys (shared splits and rows' own under a tree's mask,
+    a causal chain, single tokens, one sequence's keys in more blocks than the rest) give the
+    per-op forward's logits and cache, bit for bit, at any thread count."""
+    from helpers import ours_from_hf, tiny_hf_model
+    from models.llama import Transformer
+    from models.runner import ModelRunner, StepInput
+
+    model = all_skinny(ours_from_hf(tiny_hf_model("llama", seed=11)).model)
+    tree = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]],
+                        dtype=torch.bool)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+
+    def run():
+        runner = ModelRunner(model, cache_tokens=512)
+        prompts = {0: [(7 * i) % 90 + 3 for i in range(148)], 1: [(5 * i) % 80 + 5 for i in range(70)], 2: [9] * 20,
+                   3: [(3 * i) % 50 + 40 for i in range(130)]}
+        for sid, prompt in prompts.items():
+            runner.add_sequence(sid)
+            runner.step([StepInput(sid, prompt)])
+            runner.commit({sid: list(range(len(prompt)))})
+        out = runner.step([StepInput(0, [9, 10, 11, 12, 13], [0, 1, 1, 2, 2], tree),
+                           StepInput(1, [14, 15, 16]), StepInput(2, [17]), StepInput(3, [18])])
+        return torch.cat(out), runner.cache.k.clone(), runner.cache.v.clone()
+
+    calls = []
+    real = skinny.layers_unchecked
+    monkeypatch.setattr(skinny, "layers_unchecked", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    stacked = run()
+    assert 10 in calls  # the decode step went through the one call
+    monkeypatch.setattr(Transformer, "_whole_stack", lambda *a: None)
+    per_op = run()
+    for a, b in zip(stacked, per_op):
+        assert torch.equal(a, b)
+
+
 def test_whole_stack_after_a_cache_of_another_size_at_the_same_address():
     """The layer pointers are cached per cache: a new runner's cache may land at the address of a
     freed one with another number of blocks (another layer stride). Two caches over one storage

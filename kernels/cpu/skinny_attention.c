@@ -22,7 +22,9 @@
  * splits of the keys every row sees (the context, rounded down to whole splits) still serve every
  * row, and each row's visible keys after them are cut into splits of its own (tasks of one row,
  * at most T + SPLIT - 1 keys a row). The splits' partial results (max, sum, weighted sum) are
- * merged per (row, head) in split order at the end.
+ * merged per (row, head) in split order at the end. A batch's sequences can go in one call
+ * (skinny_attention_seqs: one list of every sequence's tasks, one parallel region), each row the
+ * same numbers as in a call of its own.
  *
  * A row's result depends on its query and its visible keys only, bit for bit that of a causal
  * last row over a cache holding exactly those keys at places 0 .. V - 1: the same operations in
@@ -220,6 +222,7 @@ typedef struct {
     int64_t j0;
     const int64_t *idx;
     float *part;
+    const job *a; /* its sequence's */
 } task;
 
 static inline int64_t task_key(const task *k, int i) { return k->idx ? k->idx[i] : k->j0 + i; }
@@ -328,7 +331,7 @@ static inline __attribute__((always_inline)) void split_task(const job *a, const
                     }
             if (q0 == 0 && next) { /* the later task's share for these 4 keys' scores */
                 const int pa = (int)((int64_t)next->n * c / nk), pb = (int)((int64_t)next->n * (c + 4) / nk);
-                prefetch_keys(a, next, pa, pb < next->n ? pb : next->n);
+                prefetch_keys(next->a, next, pa, pb < next->n ? pb : next->n); /* its own sequence's */
             }
 #ifdef __AVX512F__
             if (QB == QBMAX) qk_4p(s1, c, qp, kp + c, D, half, QBMAX); /* QB a constant in each call */
@@ -433,9 +436,34 @@ static int64_t lower_bound(const int64_t *cum, int64_t n, int64_t x) {
     return lo;
 }
 
-static int attention(const float *q, int64_t q_stride, int T, int H, int KV, int D, const void *kc, const void *vc,
-                     const int32_t *blocks, int bs, int64_t L, const uint8_t *mask, int causal, float scale,
-                     float *out, int threads, int half) {
+/* One sequence's attention of a step, planned: its job, its tasks (the shared splits', then its
+ * rows' own, each pointing at the job), a rough cost of the tasks before each (cum) and the
+ * buffers they fill. */
+typedef struct {
+    job a;
+    int64_t n_shared, n_own, tasks, shared_floats;
+    int64_t *off, *cum, *idx, *cnt, *first;
+    float *part, *out;
+    task *tk;
+    int own;
+} seq_att;
+
+static void seq_free(seq_att *s) {
+    free(s->off);
+    free(s->part);
+    free(s->tk);
+    free(s->cum);
+    free(s->idx);
+    free(s->cnt);
+    memset(s, 0, sizeof *s);
+}
+
+/* s planned for T rows (T >= 1) over L keys; 0, -1 out of memory, -2 shapes it does not take.
+ * s must not move afterwards (its tasks point at s->a). */
+static int seq_plan(seq_att *s, const float *q, int64_t q_stride, int T, int H, int KV, int D, const void *kc,
+                    const void *vc, const int32_t *blocks, int bs, int64_t L, const uint8_t *mask, int causal,
+                    float scale, float *out, int half) {
+    memset(s, 0, sizeof *s);
     const int G = H / KV, W = D + 2;
     if (G > MAXG || D % 8 || L < 1) return -2;
     const int64_t n_split = (L + SPLIT - 1) / SPLIT;
@@ -492,6 +520,7 @@ static int attention(const float *q, int64_t q_stride, int T, int H, int KV, int
     }
     for (int64_t b = 0, j = 0; j < L; b++)
         for (int o = 0; o < bs && j < L; o++, j++) off[j] = ((int64_t)blocks[b] * bs + o) * KV * D;
+    s->a = (job){q, (const float *)kc, (const float *)vc, off, mask, q_stride, L, T, H, KV, D, causal, scale, half};
     /* the tasks: the shared splits' (split, then kv head), then each row's own (row, split, kv
      * head); cum[i]: a rough cost of the tasks before task i */
     float *own_part = part + shared_floats;
@@ -499,19 +528,91 @@ static int attention(const float *q, int64_t q_stride, int T, int H, int KV, int
     for (int64_t i = 0; i < n_shared * KV; i++) {
         const int64_t sp = i / KV, j0 = sp * SPLIT;
         tk[i] = (task){(int)(i % KV), 0, T, (int)(j0 + SPLIT < L ? SPLIT : L - j0), own, j0, NULL,
-                       part + sp * T * H * W};
+                       part + sp * T * H * W, &s->a};
         cum[i + 1] = cum[i] + (int64_t)tk[i].n * (T + 1);
     }
     for (int64_t t = 0, i = n_shared * KV; own && t < T; t++)
-        for (int64_t s = 0; s < first[t + 1] - first[t]; s++)
+        for (int64_t sp = 0; sp < first[t + 1] - first[t]; sp++)
             for (int kvh = 0; kvh < KV; kvh++, i++) {
-                const int64_t r0 = s * SPLIT;
+                const int64_t r0 = sp * SPLIT;
                 tk[i] = (task){kvh, (int)t, 1, (int)(cnt[t] - r0 < SPLIT ? cnt[t] - r0 : SPLIT), 1, 0,
-                               idx + t * tail + r0, own_part + (first[t] + s) * H * W};
+                               idx + t * tail + r0, own_part + (first[t] + sp) * H * W, &s->a};
                 cum[i + 1] = cum[i] + (int64_t)tk[i].n * 2;
             }
-    const job a = {q, (const float *)kc, (const float *)vc, off, mask, q_stride, L, T, H, KV, D, causal, scale, half};
-    if (threads > tasks) threads = (int)tasks;
+    s->n_shared = n_shared, s->n_own = n_own, s->tasks = tasks, s->shared_floats = shared_floats;
+    s->off = off, s->cum = cum, s->idx = idx, s->cnt = cnt, s->first = first;
+    s->part = part, s->out = out, s->tk = tk, s->own = own;
+    return 0;
+}
+
+/* row r (= t H + h) of sequence s: its splits' partial results merged in split order, the shared
+ * ones, then the row's own, into s->out */
+static void merge_row(const seq_att *s, int64_t r) {
+    const int H = s->a.H, D = s->a.D, W = D + 2;
+    const int64_t t = r / H, h = r % H, n_shared = s->n_shared, T = s->a.T;
+    const int64_t n_part = n_shared + (s->own ? s->first[t + 1] - s->first[t] : 0);
+    const float *own_part = s->part + s->shared_floats;
+#define PART(sp) ((sp) < n_shared ? s->part + ((sp) * T * H + r) * W : own_part + ((s->first[t] + (sp) - n_shared) * H + h) * W)
+    float mx = -INFINITY;
+    for (int64_t sp = 0; sp < n_part; sp++) {
+        const float m = PART(sp)[0];
+        mx = m > mx ? m : mx;
+    }
+    float *o = s->out + r * D;
+    memset(o, 0, sizeof(float) * (size_t)D);
+    if (mx == -INFINITY) return; /* no visible key: zeros */
+    float total = 0.0f;
+    for (int64_t sp = 0; sp < n_part; sp++) {
+        const float *p = PART(sp);
+        if (p[0] == -INFINITY) continue;
+        const float w = expf(p[0] - mx);
+        total += w * p[1];
+        const __m256 wv = _mm256_set1_ps(w);
+        for (int d = 0; d < D; d += 8)
+            _mm256_storeu_ps(o + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 2 + d), _mm256_loadu_ps(o + d)));
+    }
+#undef PART
+    const __m256 inv = _mm256_set1_ps(1.0f / total);
+    for (int d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(inv, _mm256_loadu_ps(o + d)));
+}
+
+/* The planned sequences' attention in one parallel region: every sequence's tasks in one list,
+ * each thread one contiguous range of it, then every sequence's rows merged. Returns 0, -1 out
+ * of memory. One sequence: its tasks split as they always were (equal counts; with rows' own
+ * splits by cost); several: by cost. Why one region for a batch: a region per sequence and layer
+ * paid its start, its barriers and its first tasks' requests (waited on, with nothing before them
+ * to hide behind) once per sequence; here a task requests the keys of the task AHEAD after it
+ * whichever sequence that is. */
+static int run_seqs(seq_att *ss, int n, int threads, int half) {
+    int64_t total = 0, rows = 0;
+    for (int b = 0; b < n; b++) total += ss[b].tasks, rows += (int64_t)ss[b].a.T * ss[b].a.H;
+    if (total == 0) return 0;
+    /* a one-token step's few dozen tasks in arrays on the stack: no allocation where there was none */
+    const task *all_s[256];
+    int64_t gcum_s[257], row0_s[33];
+    const int small = total <= 256 && n <= 32;
+    const task **all = small ? all_s : malloc(sizeof(task *) * (size_t)total);
+    int64_t *gcum = small ? gcum_s : malloc(sizeof(int64_t) * (size_t)(total + 1));
+    int64_t *row0 = small ? row0_s : malloc(sizeof(int64_t) * (size_t)(n + 1));
+    if (!all || !gcum || !row0) {
+        if (!small) {
+            free(all);
+            free(gcum);
+            free(row0);
+        }
+        return -1;
+    }
+    gcum[0] = 0;
+    row0[0] = 0;
+    for (int b = 0, i = 0; b < n; b++) {
+        for (int64_t k = 0; k < ss[b].tasks; k++, i++) {
+            all[i] = &ss[b].tk[k];
+            gcum[i + 1] = gcum[i] + (ss[b].cum[k + 1] - ss[b].cum[k]);
+        }
+        row0[b + 1] = row0[b] + (int64_t)ss[b].a.T * ss[b].a.H;
+    }
+    const int by_cost = n > 1 || ss[0].own;
+    if (threads > total) threads = (int)total;
     if (threads < 1) threads = 1;
 #pragma omp parallel num_threads(threads)
     {
@@ -520,15 +621,15 @@ static int attention(const float *q, int64_t q_stride, int T, int H, int KV, int
          * (round robin over tasks had both threads stride through rows a third used: attention
          * at 4-16 rows took 22-26% longer over 1,500 keys, 4-17% over 512, bench/results/
          * 2026-11-26-cpu-attention-ranges/NOTES.md); with rows' own splits (a task of one row),
-         * ranges of about equal cost. The first AHEAD tasks' keys and values are requested
-         * before the first starts, each later one's while the task AHEAD before it scores its
-         * keys (split_task). Which thread computes a task does not change its numbers. */
+         * or several sequences, ranges of about equal cost. The first AHEAD tasks' keys and values
+         * are requested before the first starts, each later one's while the task AHEAD before it
+         * scores its keys (split_task). Which thread computes a task does not change its numbers. */
         const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-        const int64_t lo = own ? lower_bound(cum, tasks, cum[tasks] * t / nt) : tasks * t / nt,
-                      hi = own ? lower_bound(cum, tasks, cum[tasks] * (t + 1) / nt) : tasks * (t + 1) / nt;
-        for (int64_t p = lo; p < lo + AHEAD && p < hi; p++) prefetch_keys(&a, &tk[p], 0, tk[p].n);
+        const int64_t lo = by_cost ? lower_bound(gcum, total, gcum[total] * t / nt) : total * t / nt,
+                      hi = by_cost ? lower_bound(gcum, total, gcum[total] * (t + 1) / nt) : total * (t + 1) / nt;
+        for (int64_t p = lo; p < lo + AHEAD && p < hi; p++) prefetch_keys(all[p]->a, all[p], 0, all[p]->n);
         void (*const run)(const job *, const task *, const task *) = half ? split_task_f16 : split_task_f32;
-        for (int64_t i = lo; i < hi; i++) run(&a, &tk[i], i + AHEAD < hi ? &tk[i + AHEAD] : NULL);
+        for (int64_t i = lo; i < hi; i++) run(all[i]->a, all[i], i + AHEAD < hi ? all[i + AHEAD] : NULL);
 #pragma omp barrier
         /* merge the splits of each (row, head) in split order: the shared ones, then the row's
          * own; the (row, head) pairs shared between the threads (merged by the calling thread
@@ -536,39 +637,59 @@ static int attention(const float *q, int64_t q_stride, int T, int H, int KV, int
          * sum per split, rows x heads x splits of them; bench/results/2026-11-28-cpu-attention-reduce/
          * NOTES.md), each the same operations wherever it runs */
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < (int64_t)T * H; r++) {
-            const int64_t t = r / H, h = r % H, n_part = n_shared + (own ? first[t + 1] - first[t] : 0);
-#define PART(sp) ((sp) < n_shared ? part + ((sp) * T * H + r) * W : own_part + ((first[t] + (sp) - n_shared) * H + h) * W)
-            float mx = -INFINITY;
-            for (int64_t sp = 0; sp < n_part; sp++) {
-                const float m = PART(sp)[0];
-                mx = m > mx ? m : mx;
-            }
-            float *o = out + r * D;
-            memset(o, 0, sizeof(float) * (size_t)D);
-            if (mx == -INFINITY) continue; /* no visible key: zeros */
-            float total = 0.0f;
-            for (int64_t sp = 0; sp < n_part; sp++) {
-                const float *p = PART(sp);
-                if (p[0] == -INFINITY) continue;
-                const float w = expf(p[0] - mx);
-                total += w * p[1];
-                const __m256 wv = _mm256_set1_ps(w);
-                for (int d = 0; d < D; d += 8)
-                    _mm256_storeu_ps(o + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 2 + d), _mm256_loadu_ps(o + d)));
-            }
-#undef PART
-            const __m256 inv = _mm256_set1_ps(1.0f / total);
-            for (int d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(inv, _mm256_loadu_ps(o + d)));
+        for (int64_t r = 0; r < rows; r++) {
+            int b = 0;
+            while (row0[b + 1] <= r) b++;
+            merge_row(&ss[b], r - row0[b]);
         }
     }
-    free(off);
-    free(part);
-    free(tk);
-    free(cum);
-    free(idx);
-    free(cnt);
+    if (!small) {
+        free(all);
+        free(gcum);
+        free(row0);
+    }
     return 0;
+}
+
+static int attention(const float *q, int64_t q_stride, int T, int H, int KV, int D, const void *kc, const void *vc,
+                     const int32_t *blocks, int bs, int64_t L, const uint8_t *mask, int causal, float scale,
+                     float *out, int threads, int half) {
+    seq_att s;
+    int rc = seq_plan(&s, q, q_stride, T, H, KV, D, kc, vc, blocks, bs, L, mask, causal, scale, out, half);
+    if (rc == 0) rc = run_seqs(&s, 1, threads, half);
+    seq_free(&s);
+    return rc;
+}
+
+/* A batch's attention in one call, the same numbers as skinny_attention(_kv16) per sequence:
+ * sequence b's rows seq_start[b] .. seq_start[b + 1] - 1 of q (at q_stride) and out ((rows, H,
+ * D) contiguous), over seq_len[b] keys in its blocks seq_blocks[b], its mask seq_mask[b] (or
+ * NULL) or, where seq_causal is given and seq_causal[b] is set, the causal rule. half: fp16 pools.
+ * 0, -1 out of memory (out then incomplete), -2 shapes it does not take or fp16 without F16C. */
+int skinny_attention_seqs(int n_seq, const float *q, int64_t q_stride, const int32_t *seq_start, int H, int KV,
+                          int D, const void *kc, const void *vc, const int32_t *const *seq_blocks, int bs,
+                          const int64_t *seq_len, const uint8_t *const *seq_mask, const uint8_t *seq_causal,
+                          float scale, float *out, int threads, int half) {
+#ifndef __F16C__
+    if (half) return -2;
+#endif
+    if (n_seq < 1) return 0;
+    seq_att ss_s[8];
+    seq_att *ss = n_seq <= 8 ? ss_s : calloc((size_t)n_seq, sizeof(seq_att));
+    if (!ss) return -1;
+    int rc = 0, m = 0; /* m: the sequences planned (those with rows) */
+    for (int b = 0; b < n_seq && rc == 0; b++) {
+        const int r0 = seq_start[b], T = seq_start[b + 1] - r0;
+        if (T < 1) continue;
+        rc = seq_plan(&ss[m], q + (int64_t)r0 * q_stride, q_stride, T, H, KV, D, kc, vc, seq_blocks[b], bs,
+                      seq_len[b], seq_mask[b], seq_causal ? seq_causal[b] : 0, scale, out + (int64_t)r0 * H * D,
+                      half);
+        if (rc == 0) m++;
+    }
+    if (rc == 0 && m > 0) rc = run_seqs(ss, m, threads, half);
+    for (int b = 0; b < m; b++) seq_free(&ss[b]);
+    if (ss != ss_s) free(ss);
+    return rc;
 }
 
 /* returns 0, -1 when a buffer could not be allocated (out is then incomplete), -2 on shapes it

@@ -21,12 +21,10 @@ __thread side_stream *skinny_side = NULL;
 
 void skinny_linear(const float *x, const float *W, const float *b, float *y, int64_t M, int64_t N, int64_t K,
                    int threads);
-int skinny_attention(const float *q, int64_t q_stride, int T, int H, int KV, int D, const float *kc,
-                     const float *vc, const int32_t *blocks, int bs, int64_t L, const uint8_t *mask, int causal,
-                     float scale, float *out, int threads);
-int skinny_attention_kv16(const float *q, int64_t q_stride, int T, int H, int KV, int D, const void *kc,
-                          const void *vc, const int32_t *blocks, int bs, int64_t L, const uint8_t *mask, int causal,
-                          float scale, float *out, int threads);
+int skinny_attention_seqs(int n_seq, const float *q, int64_t q_stride, const int32_t *seq_start, int H, int KV,
+                          int D, const void *kc, const void *vc, const int32_t *const *seq_blocks, int bs,
+                          const int64_t *seq_len, const uint8_t *const *seq_mask, const uint8_t *seq_causal,
+                          float scale, float *out, int threads, int half);
 void skinny_rms_norm(const float *x, const float *w, float *out, int64_t rows, int64_t n, float eps, int threads);
 void skinny_silu_mul(const float *gu, float *out, int64_t rows, int64_t n, int threads);
 void skinny_rope(float *x, const float *cos, const float *sin, int64_t rows, int64_t row_stride, int64_t heads,
@@ -212,20 +210,10 @@ int skinny_layers(float *h, const skinny_layer *layers, int n_layers, const skin
             }
         });
         skinny_side = NULL;
-        PHASE(P_ATTN, {
-            for (int b = 0; b < s->n_seq && rc == 0; b++) {
-                const int r0 = s->seq_start[b], rn = s->seq_start[b + 1] - r0;
-                const float *qb = qkv + r0 * nq;
-                float *ob = o + (int64_t)r0 * H * D;
-                const int causal = s->seq_causal ? s->seq_causal[b] : 0;
-                rc = s->kv_half ? skinny_attention_kv16(qb, nq, rn, H, KV, D, w->k_cache, w->v_cache, s->seq_blocks[b],
-                                                        s->block_size, s->seq_len[b], s->seq_mask[b], causal, s->scale,
-                                                        ob, s->threads)
-                                : skinny_attention(qb, nq, rn, H, KV, D, w->k_cache, w->v_cache, s->seq_blocks[b],
-                                                   s->block_size, s->seq_len[b], s->seq_mask[b], causal, s->scale, ob,
-                                                   s->threads);
-            }
-        });
+        /* every sequence's attention in one call (one parallel region for the batch) */
+        PHASE(P_ATTN, rc = skinny_attention_seqs(s->n_seq, qkv, nq, s->seq_start, H, KV, D, w->k_cache, w->v_cache,
+                                                 s->seq_blocks, s->block_size, s->seq_len, s->seq_mask,
+                                                 s->seq_causal, s->scale, o, s->threads, s->kv_half));
         if (rc) break;
         if (l + 1 < n_layers && s->side) {
             const skinny_layer *n = w + 1;
