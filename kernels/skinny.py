@@ -147,6 +147,12 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.skinny_attention.restype = ctypes.c_int
     lib.skinny_attention_kv16.argtypes = lib.skinny_attention.argtypes
     lib.skinny_attention_kv16.restype = ctypes.c_int
+    # a batch's sequences in one call (the layer stack's; tests call it beside skinny_attention per sequence)
+    lib.skinny_attention_seqs.argtypes = ([ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+                                          + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 3
+                                          + [ctypes.c_int] + [ctypes.c_void_p] * 3
+                                          + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_int])
+    lib.skinny_attention_seqs.restype = ctypes.c_int
     lib.skinny_kv16_available.restype = ctypes.c_int
     lib.skinny_visibility.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     lib.skinny_visibility.restype = None

@@ -391,6 +391,53 @@ def test_attention_over_fp16_caches_is_the_fp32_kernel_over_the_same_numbers(t, 
     assert torch.equal(got, skinny.skinny_attention(q, k16.float(), v16.float(), *args))
 
 
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_batch_attended_in_one_call_is_each_sequence_attended_alone(half, threads, isa):
+    """``skinny_attention_seqs`` (the layer stack's: every sequence's tasks in one list, one
+    parallel region) gives each row, bit for bit, what ``skinny_attention`` gives its sequence
+    alone: twelve sequences in one pool, 0-6 rows each (a sequence of none adds nothing), 1-700
+    keys, under a mask, the causal rule or neither; fp32 and fp16 pools, 1-3 threads."""
+    import ctypes
+
+    if half and not skinny.kv16_available():
+        pytest.skip("this build has no F16C")
+    lib = skinny._require()
+    g = torch.Generator().manual_seed(3 + threads + 10 * half)
+    H, KV, D, bs = 4, 2, 16, 8
+    rows = [3, 1, 0, 6, 2, 1, 5, 1, 4, 2, 1, 3]
+    lengths = [5, 1, 9, 700, 64, 65, 130, 300, 17, 200, 33, 450]
+    modes = ["mask", None, "causal", "mask", "causal", None, "mask", None, "causal", "mask", None, "causal"]
+    n_blocks = sum(-(-L // bs) for L in lengths) + 4
+    k = torch.randn(n_blocks, bs, KV, D, generator=g)
+    v = torch.randn(n_blocks, bs, KV, D, generator=g)
+    if half:
+        k, v = k.half(), v.half()
+    order = torch.randperm(n_blocks, generator=g).int()
+    ids, used = [], 0
+    for L in lengths:
+        ids.append(order[used:used + -(-L // bs)].contiguous())
+        used += -(-L // bs)
+    R = sum(rows)
+    qkv = torch.randn(R, H + 2 * KV, D, generator=g)  # q is each row's first H heads, as in the stack
+    masks = [(torch.rand(t, L, generator=g) < 0.6) if m == "mask" else None for t, L, m in zip(rows, lengths, modes)]
+    start = [0]
+    for t in rows:
+        start.append(start[-1] + t)
+    alone = torch.cat([skinny.skinny_attention(qkv[a:b, :H], k, v, i, L, m, mode == "causal", 0.2, threads)
+                       for a, b, i, L, m, mode in zip(start, start[1:], ids, lengths, masks, modes) if b > a])
+    out = torch.full((R, H, D), float("nan"))
+    mask_bytes = [None if m is None else m.to(torch.uint8).contiguous() for m in masks]
+    n = len(rows)
+    rc = lib.skinny_attention_seqs(
+        n, qkv.data_ptr(), (H + 2 * KV) * D, (ctypes.c_int32 * (n + 1))(*start), H, KV, D, k.data_ptr(),
+        v.data_ptr(), (ctypes.c_void_p * n)(*[i.data_ptr() for i in ids]), bs, (ctypes.c_int64 * n)(*lengths),
+        (ctypes.c_void_p * n)(*[None if m is None else m.data_ptr() for m in mask_bytes]),
+        (ctypes.c_uint8 * n)(*[mode == "causal" for mode in modes]), 0.2, out.data_ptr(), threads, int(half))
+    assert rc == 0
+    assert torch.equal(out.reshape(R, H * D), alone.reshape(R, H * D))
+
+
 @pytest.mark.parametrize("t,prefix", [(1, 0), (7, 50), (130, 0), (45, 13)])
 def test_prefill_over_fp16_caches_is_the_fp32_kernel_over_the_same_numbers(t, prefix, isa):
     if not skinny.kv16_available():

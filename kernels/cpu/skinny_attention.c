@@ -587,21 +587,11 @@ static int run_seqs(seq_att *ss, int n, int threads, int half) {
     int64_t total = 0, rows = 0;
     for (int b = 0; b < n; b++) total += ss[b].tasks, rows += (int64_t)ss[b].a.T * ss[b].a.H;
     if (total == 0) return 0;
-    /* a one-token step's few dozen tasks in arrays on the stack: no allocation where there was none */
-    const task *all_s[256];
-    int64_t gcum_s[257], row0_s[33];
-    const int small = total <= 256 && n <= 32;
-    const task **all = small ? all_s : malloc(sizeof(task *) * (size_t)total);
-    int64_t *gcum = small ? gcum_s : malloc(sizeof(int64_t) * (size_t)(total + 1));
-    int64_t *row0 = small ? row0_s : malloc(sizeof(int64_t) * (size_t)(n + 1));
-    if (!all || !gcum || !row0) {
-        if (!small) {
-            free(all);
-            free(gcum);
-            free(row0);
-        }
-        return -1;
-    }
+    /* the tasks in one list (pointers), their costs, and each sequence's first row: one allocation */
+    char *mem = malloc(sizeof(task *) * (size_t)total + sizeof(int64_t) * (size_t)(total + n + 2));
+    if (!mem) return -1;
+    const task **all = (const task **)mem;
+    int64_t *gcum = (int64_t *)(mem + sizeof(task *) * (size_t)total), *row0 = gcum + total + 1;
     gcum[0] = 0;
     row0[0] = 0;
     for (int b = 0, i = 0; b < n; b++) {
@@ -643,11 +633,7 @@ static int run_seqs(seq_att *ss, int n, int threads, int half) {
             merge_row(&ss[b], r - row0[b]);
         }
     }
-    if (!small) {
-        free(all);
-        free(gcum);
-        free(row0);
-    }
+    free(mem);
     return 0;
 }
 
@@ -674,8 +660,7 @@ int skinny_attention_seqs(int n_seq, const float *q, int64_t q_stride, const int
     if (half) return -2;
 #endif
     if (n_seq < 1) return 0;
-    seq_att ss_s[8];
-    seq_att *ss = n_seq <= 8 ? ss_s : calloc((size_t)n_seq, sizeof(seq_att));
+    seq_att *ss = calloc((size_t)n_seq, sizeof(seq_att));
     if (!ss) return -1;
     int rc = 0, m = 0; /* m: the sequences planned (those with rows) */
     for (int b = 0; b < n_seq && rc == 0; b++) {
@@ -688,7 +673,7 @@ int skinny_attention_seqs(int n_seq, const float *q, int64_t q_stride, const int
     }
     if (rc == 0 && m > 0) rc = run_seqs(ss, m, threads, half);
     for (int b = 0; b < m; b++) seq_free(&ss[b]);
-    if (ss != ss_s) free(ss);
+    free(ss);
     return rc;
 }
 
