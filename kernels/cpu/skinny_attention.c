@@ -441,7 +441,7 @@ static int64_t lower_bound(const int64_t *cum, int64_t n, int64_t x) {
  * buffers they fill. */
 typedef struct {
     job a;
-    int64_t n_shared, n_own, tasks, shared_floats;
+    int64_t n_shared, tasks, shared_floats;
     int64_t *off, *cum, *idx, *cnt, *first;
     float *part, *out;
     task *tk;
@@ -539,7 +539,7 @@ static int seq_plan(seq_att *s, const float *q, int64_t q_stride, int T, int H, 
                                idx + t * tail + r0, own_part + (first[t] + sp) * H * W, &s->a};
                 cum[i + 1] = cum[i] + (int64_t)tk[i].n * 2;
             }
-    s->n_shared = n_shared, s->n_own = n_own, s->tasks = tasks, s->shared_floats = shared_floats;
+    s->n_shared = n_shared, s->tasks = tasks, s->shared_floats = shared_floats;
     s->off = off, s->cum = cum, s->idx = idx, s->cnt = cnt, s->first = first;
     s->part = part, s->out = out, s->tk = tk, s->own = own;
     return 0;
@@ -583,7 +583,8 @@ static void merge_row(const seq_att *s, int64_t r) {
  * paid its start, its barriers and its first tasks' requests (waited on, with nothing before them
  * to hide behind) once per sequence; here a task requests the keys of the task AHEAD after it
  * whichever sequence that is. */
-static int run_seqs(seq_att *ss, int n, int threads, int half) {
+static int run_seqs(seq_att *ss, int n, int threads) {
+    const int half = ss[0].a.half; /* one pool for every sequence */
     int64_t total = 0, rows = 0;
     for (int b = 0; b < n; b++) total += ss[b].tasks, rows += (int64_t)ss[b].a.T * ss[b].a.H;
     if (total == 0) return 0;
@@ -642,7 +643,7 @@ static int attention(const float *q, int64_t q_stride, int T, int H, int KV, int
                      float *out, int threads, int half) {
     seq_att s;
     int rc = seq_plan(&s, q, q_stride, T, H, KV, D, kc, vc, blocks, bs, L, mask, causal, scale, out, half);
-    if (rc == 0) rc = run_seqs(&s, 1, threads, half);
+    if (rc == 0) rc = run_seqs(&s, 1, threads);
     seq_free(&s);
     return rc;
 }
@@ -671,7 +672,7 @@ int skinny_attention_seqs(int n_seq, const float *q, int64_t q_stride, const int
                       half);
         if (rc == 0) m++;
     }
-    if (rc == 0 && m > 0) rc = run_seqs(ss, m, threads, half);
+    if (rc == 0 && m > 0) rc = run_seqs(ss, m, threads);
     for (int b = 0; b < m; b++) seq_free(&ss[b]);
     free(ss);
     return rc;
